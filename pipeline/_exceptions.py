@@ -50,3 +50,7 @@ class CircularDependencyError(SkillError):
 
 class RecordExportError(PipelineError):
     """Raised only by explicit, caller-requested export operations (never on the agent thread)."""
+
+
+class LockTimeoutError(PipelineError, TimeoutError):
+    """A per-key lock (LockManager) could not be had within the caller's timeout."""

@@ -1,0 +1,876 @@
+"""Skills with progressive disclosure: a skill is a folder with a SKILL.md whose YAML
+frontmatter says what it is, whose body says how to do it, and whose scripts/,
+references/ and assets/ hold material read only when asked for.
+
+Three load levels keep the context small: level 1 is the frontmatter (what the model
+needs to choose a skill), level 2 the body (what it needs to follow it), level 3 the
+resource files (what it needs on demand). Every load says how many tokens it cost.
+
+A skill is untrusted input: names and resource paths are validated, a resource that
+resolves outside its skill's folder is refused, and every read is size-capped.
+
+Activations can nest (a skill using another); the activation chain refuses cycles
+(a → b → a, including a skill activating itself) and nesting deeper than the limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterator, Literal, Optional, Protocol
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ._exceptions import CircularDependencyError, SkillError
+from ._records import SkillActivationRecord
+from ._tokens import DEFAULT_MODEL
+
+logger = logging.getLogger(__name__)
+
+SKILL_FILE = "SKILL.md"
+SKILL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+_SKILL_NAME = re.compile(SKILL_NAME_PATTERN)
+RESOURCE_FOLDERS = ("scripts", "references", "assets")
+
+MAX_FRONTMATTER_BYTES = 64 * 1024  # level 1 reads no further than this
+MAX_SKILL_FILE_BYTES = 1024 * 1024  # a whole SKILL.md (level 2)
+MAX_RESOURCE_BYTES = 1024 * 1024  # one resource file (level 3)
+MAX_RESOURCE_PATH_CHARS = 512
+MAX_LISTED_RESOURCES = 1000
+MAX_DESCRIPTION_CHARS = 1024
+MAX_ERROR_CHARS = 2000
+
+LoadLevel = Literal[1, 2, 3]
+
+
+class TokenCounter(Protocol):
+    """What the loader needs from a token counter (pipeline.DynamicTokenCounter fits)."""
+
+    def count_tokens(self, text: str, model: str) -> int: ...
+
+
+def validate_skill_name(name: Any) -> str:
+    """Return ``name`` if it is a well-formed skill name, else raise SkillError.
+
+    Names become folder names, so the pattern leaves no room for paths or traversal.
+    """
+    if not isinstance(name, str) or not _SKILL_NAME.match(name):
+        shown = repr(name)[:80]
+        raise SkillError(
+            f"invalid skill name {shown}: expected lowercase letters, digits, '-' or '_' "
+            "(1-64 characters, starting with a letter or digit)"
+        )
+    return name
+
+
+def _validate_resource_path(relative_path: Any) -> PurePosixPath:
+    """Check a resource path's shape before it touches the file system."""
+    if not isinstance(relative_path, str) or not relative_path:
+        raise SkillError("resource path must be a non-empty string")
+    if len(relative_path) > MAX_RESOURCE_PATH_CHARS:
+        raise SkillError(f"resource path is longer than {MAX_RESOURCE_PATH_CHARS} characters")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in relative_path):
+        raise SkillError("resource path contains a NUL or control character")
+    if "\\" in relative_path:
+        raise SkillError("resource path must use '/' separators")
+    path = PurePosixPath(relative_path)
+    if path.is_absolute() or re.match(r"^[A-Za-z]:", relative_path):
+        raise SkillError(f"resource path must be relative to the skill: {relative_path!r}")
+    if ".." in path.parts:
+        raise SkillError(f"resource path must not contain '..': {relative_path!r}")
+    if len(path.parts) < 2 or path.parts[0] not in RESOURCE_FOLDERS:
+        raise SkillError(
+            f"resource path must point into {', '.join(f'{f}/' for f in RESOURCE_FOLDERS)}: "
+            f"{relative_path!r}"
+        )
+    return path
+
+
+# --- frontmatter ---------------------------------------------------------------------
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader without anchors/aliases: frontmatter never needs them, and refusing
+    them rules out alias bombs in a hostile SKILL.md."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(
+                None, None, "aliases are not allowed in skill frontmatter", mark
+            )
+        return super().compose_node(parent, index)
+
+
+def _split_skill_file(text: str, skill_name: str) -> tuple[str, str]:
+    """Split SKILL.md text into (frontmatter YAML, body)."""
+    text = text.removeprefix("\ufeff")
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].strip() != "---":
+        raise SkillError(f"skill {skill_name!r}: {SKILL_FILE} must start with a '---' frontmatter line")
+    for index in range(1, len(lines)):
+        if lines[index].strip() == "---":
+            return "".join(lines[1:index]), "".join(lines[index + 1 :]).lstrip("\r\n")
+    raise SkillError(f"skill {skill_name!r}: frontmatter has no closing '---' line")
+
+
+def _read_frontmatter_text(path: Path, skill_name: str) -> str:
+    """Read only the frontmatter (level 1 never reads the body)."""
+    collected: list[bytes] = []
+    size = 0
+    with open(path, "rb") as handle:
+        number = -1
+        while size <= MAX_FRONTMATTER_BYTES:
+            # readline with a limit: a hostile file with one huge line is not read whole
+            raw = handle.readline(MAX_FRONTMATTER_BYTES + 1 - size)
+            if not raw:
+                break
+            number += 1
+            size += len(raw)
+            if size > MAX_FRONTMATTER_BYTES:
+                break
+            line = raw.decode("utf-8", errors="strict") if number else raw.decode("utf-8-sig")
+            if number == 0:
+                if line.strip() != "---":
+                    raise SkillError(
+                        f"skill {skill_name!r}: {SKILL_FILE} must start with a '---' frontmatter line"
+                    )
+                continue
+            if line.strip() == "---":
+                return b"".join(collected).decode("utf-8")
+            collected.append(raw)
+    if size > MAX_FRONTMATTER_BYTES:
+        raise SkillError(
+            f"skill {skill_name!r}: frontmatter is not closed within {MAX_FRONTMATTER_BYTES} bytes"
+        )
+    raise SkillError(f"skill {skill_name!r}: frontmatter has no closing '---' line")
+
+
+def _tool_list(value: Any, skill_name: str) -> Optional[tuple[str, ...]]:
+    """allowed_tools as a YAML list or Claude-Code-style 'Read, Grep' string."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = [part.strip() for part in value.split(",") if part.strip()]
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise SkillError(f"skill {skill_name!r}: allowed_tools must be a list of tool names")
+    for item in items:
+        if not isinstance(item, str) or not item.strip() or len(item) > 200:
+            raise SkillError(f"skill {skill_name!r}: allowed_tools has a bad entry {str(item)[:40]!r}")
+    return tuple(item.strip() for item in items)
+
+
+def _parse_frontmatter(yaml_text: str, folder_name: str) -> dict[str, Any]:
+    """Parse and validate frontmatter into SkillMetadata fields."""
+    try:
+        data = yaml.load(yaml_text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError as exc:
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SkillError(f"skill {folder_name!r}: frontmatter is not valid YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise SkillError(f"skill {folder_name!r}: frontmatter must be a YAML mapping")
+    # Claude Code spells keys with hyphens (allowed-tools); accept both, not both at once.
+    fields: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise SkillError(f"skill {folder_name!r}: frontmatter keys must be strings")
+        normal = key.replace("-", "_")
+        if normal in fields:
+            raise SkillError(f"skill {folder_name!r}: frontmatter sets {normal!r} twice")
+        fields[normal] = value
+
+    name = fields.get("name")
+    if name is None:
+        raise SkillError(f"skill {folder_name!r}: frontmatter has no 'name'")
+    if not isinstance(name, str) or not _SKILL_NAME.match(name):
+        raise SkillError(f"skill {folder_name!r}: frontmatter name {str(name)[:80]!r} is not a valid skill name")
+    if name != folder_name:
+        raise SkillError(f"skill {folder_name!r}: frontmatter name {name!r} does not match its folder")
+    description = fields.get("description")
+    if not isinstance(description, str) or not description.strip():
+        raise SkillError(f"skill {folder_name!r}: frontmatter needs a non-empty 'description'")
+    if len(description) > MAX_DESCRIPTION_CHARS:
+        raise SkillError(
+            f"skill {folder_name!r}: description is longer than {MAX_DESCRIPTION_CHARS} characters"
+        )
+    model = fields.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip() or len(model) > 200):
+        raise SkillError(f"skill {folder_name!r}: model must be a model name")
+    disable = fields.get("disable_model_invocation", False)
+    if not isinstance(disable, bool):
+        raise SkillError(f"skill {folder_name!r}: disable_model_invocation must be true or false")
+    version = fields.get("version", "1.0.0")
+    if isinstance(version, bool) or not isinstance(version, (str, int, float)):
+        raise SkillError(f"skill {folder_name!r}: version must be a string")
+    if "uses" in fields and "dependencies" in fields:
+        raise SkillError(f"skill {folder_name!r}: give 'uses' or 'dependencies', not both")
+    uses = fields.get("uses", fields.get("dependencies")) or []
+    if not isinstance(uses, list):
+        raise SkillError(f"skill {folder_name!r}: uses must be a list of skill names")
+    for used in uses:
+        try:
+            validate_skill_name(used)
+        except SkillError:
+            raise SkillError(f"skill {folder_name!r}: uses has an invalid skill name {str(used)[:80]!r}") from None
+    return {
+        "name": name,
+        "description": description.strip(),
+        "allowed_tools": _tool_list(fields.get("allowed_tools"), folder_name),
+        "model": model.strip() if isinstance(model, str) else None,
+        "disable_model_invocation": disable,
+        "version": str(version)[:64],
+        "uses": tuple(uses),
+    }
+
+
+# --- what the loader returns ---------------------------------------------------------
+
+
+class SkillMetadata(BaseModel):
+    """Level 1: a skill's frontmatter, all the model needs to decide to use it.
+
+    ``tokens`` is the cost of ``summary`` (the line the model sees in its skill list).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str
+    allowed_tools: Optional[tuple[str, ...]] = None  # None: no restriction
+    model: Optional[str] = None
+    disable_model_invocation: bool = False
+    version: str = "1.0.0"
+    uses: tuple[str, ...] = ()  # skills this one activates
+    tokens: int = Field(default=0, ge=0)
+
+    @property
+    def summary(self) -> str:
+        return f"{self.name}: {self.description}"
+
+
+class SkillInstructions(BaseModel):
+    """Level 2: the SKILL.md body (the frontmatter excluded) and its token cost."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metadata: SkillMetadata
+    body: str
+    tokens: int = Field(ge=0)
+
+
+class SkillResource(BaseModel):
+    """Level 3: one file under scripts/, references/ or assets/, read on demand."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    skill_name: str
+    path: str  # relative to the skill folder, '/'-separated
+    content: str
+    size_bytes: int = Field(ge=0)
+    tokens: int = Field(ge=0)
+
+
+# --- loader --------------------------------------------------------------------------
+
+
+def _default_token_counter() -> TokenCounter:
+    from ._tokens import get_token_counter  # late: the shared counter loads encodings on first use
+
+    return get_token_counter()
+
+
+class SkillLoader:
+    """Loads skills from ``skills_dir/<name>/SKILL.md`` level by level.
+
+    Level-1 metadata is cached per file (keyed by its mtime and size) because the
+    skill list is rebuilt every round; bodies and resources are read when asked for.
+    """
+
+    def __init__(
+        self,
+        skills_dir: str | os.PathLike[str],
+        *,
+        token_counter: Optional[TokenCounter] = None,
+        model: str = DEFAULT_MODEL,
+    ) -> None:
+        self.skills_dir = Path(skills_dir)
+        if not self.skills_dir.is_dir():
+            raise SkillError(f"skills folder does not exist: {self.skills_dir}")
+        self._root = self.skills_dir.resolve()
+        self.token_counter = token_counter if token_counter is not None else _default_token_counter()
+        self.model = model
+        self._metadata_cache: dict[str, tuple[tuple[int, int], SkillMetadata]] = {}
+        self._cache_lock = threading.Lock()
+
+    def count_tokens(self, text: str) -> int:
+        return int(self.token_counter.count_tokens(text, self.model)) if text else 0
+
+    # paths
+
+    def skill_folder(self, name: str) -> Path:
+        """The resolved folder of skill ``name``; refuses one that lives outside skills_dir."""
+        validate_skill_name(name)
+        folder = self.skills_dir / name
+        if not folder.is_dir():
+            raise SkillError(f"no skill named {name!r}")
+        resolved = folder.resolve()
+        if not resolved.is_relative_to(self._root) or resolved == self._root:
+            raise SkillError(f"skill {name!r} resolves outside the skills folder")
+        return resolved
+
+    def _skill_file(self, name: str) -> Path:
+        folder = self.skill_folder(name)
+        path = folder / SKILL_FILE
+        if not path.exists():
+            raise SkillError(f"skill {name!r} has no {SKILL_FILE}")
+        resolved = path.resolve()
+        if not resolved.is_relative_to(folder) or not resolved.is_file():
+            raise SkillError(f"skill {name!r}: {SKILL_FILE} is not a file inside the skill folder")
+        return resolved
+
+    # level 1
+
+    def load_metadata(self, name: str) -> SkillMetadata:
+        """Level 1: the frontmatter only; the body is not read."""
+        path = self._skill_file(name)
+        stat = path.stat()
+        key = (stat.st_mtime_ns, stat.st_size)
+        with self._cache_lock:
+            cached = self._metadata_cache.get(name)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            yaml_text = _read_frontmatter_text(path, name)
+        except UnicodeDecodeError:
+            raise SkillError(f"skill {name!r}: {SKILL_FILE} is not UTF-8 text") from None
+        fields = _parse_frontmatter(yaml_text, name)
+        draft = SkillMetadata(**fields)
+        metadata = draft.model_copy(update={"tokens": self.count_tokens(draft.summary)})
+        with self._cache_lock:
+            self._metadata_cache[name] = (key, metadata)
+        return metadata
+
+    def list_skills(self, *, strict: bool = False) -> list[SkillMetadata]:
+        """Level 1 for every skill folder, sorted by name.
+
+        A malformed skill is skipped with a warning (one bad folder must not hide the
+        others from the agent) unless ``strict``, which raises its SkillError.
+        """
+        found: list[SkillMetadata] = []
+        for entry in sorted(self.skills_dir.iterdir(), key=lambda p: p.name):
+            if not entry.is_dir() or not (entry / SKILL_FILE).exists():
+                continue
+            try:
+                found.append(self.load_metadata(entry.name))
+            except SkillError as exc:
+                if strict:
+                    raise
+                logger.warning("skipping skill folder %r: %s", entry.name[:80], exc)
+        return found
+
+    # level 2
+
+    def load_full(self, name: str) -> SkillInstructions:
+        """Level 2: the SKILL.md body, with the frontmatter validated again."""
+        path = self._skill_file(name)
+        raw = _read_capped(path, MAX_SKILL_FILE_BYTES, f"skill {name!r}: {SKILL_FILE}")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SkillError(f"skill {name!r}: {SKILL_FILE} is not UTF-8 text") from None
+        yaml_text, body = _split_skill_file(text, name)
+        draft = SkillMetadata(**_parse_frontmatter(yaml_text, name))
+        metadata = draft.model_copy(update={"tokens": self.count_tokens(draft.summary)})
+        return SkillInstructions(metadata=metadata, body=body, tokens=self.count_tokens(body))
+
+    # level 3
+
+    def load_resource(self, name: str, relative_path: str) -> SkillResource:
+        """Level 3: one resource file, read now, as UTF-8 text, at most MAX_RESOURCE_BYTES."""
+        parts = _validate_resource_path(relative_path)
+        folder = self.skill_folder(name)
+        candidate = folder.joinpath(*parts.parts)
+        try:
+            resolved = candidate.resolve(strict=True)
+        except (FileNotFoundError, NotADirectoryError):
+            raise SkillError(f"skill {name!r} has no resource {str(parts)!r}") from None
+        except (OSError, RuntimeError) as exc:  # symlink loops and the like
+            raise SkillError(f"skill {name!r}: cannot resolve resource {str(parts)!r}: {exc}") from None
+        if not resolved.is_relative_to(folder):
+            raise SkillError(f"skill {name!r}: resource {str(parts)!r} resolves outside the skill folder")
+        inside = resolved.relative_to(folder).parts
+        if len(inside) < 2 or inside[0] not in RESOURCE_FOLDERS:
+            raise SkillError(f"skill {name!r}: resource {str(parts)!r} resolves outside its resource folders")
+        if not resolved.is_file():
+            raise SkillError(f"skill {name!r}: resource {str(parts)!r} is not a file")
+        raw = _read_capped(resolved, MAX_RESOURCE_BYTES, f"skill {name!r}: resource {str(parts)!r}")
+        try:
+            content = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SkillError(f"skill {name!r}: resource {str(parts)!r} is not UTF-8 text") from None
+        return SkillResource(
+            skill_name=name,
+            path=str(parts),
+            content=content,
+            size_bytes=len(raw),
+            tokens=self.count_tokens(content),
+        )
+
+    def list_resources(self, name: str) -> list[str]:
+        """Resource paths a skill offers (not read), for the model to ask for by name.
+
+        Symlinks are not followed into folders; files resolving outside the skill are left out.
+        """
+        folder = self.skill_folder(name)
+        found: list[str] = []
+        for top in RESOURCE_FOLDERS:
+            base = folder / top
+            if not base.is_dir() or not base.resolve().is_relative_to(folder):
+                continue
+            for current, dirs, files in os.walk(base, followlinks=False):
+                dirs.sort()
+                for file_name in sorted(files):
+                    full = Path(current) / file_name
+                    if not full.resolve().is_relative_to(folder):
+                        continue
+                    found.append(full.relative_to(folder).as_posix())
+                    if len(found) >= MAX_LISTED_RESOURCES:
+                        return found
+        return found
+
+    # dependencies
+
+    def resolve_uses(self, name: str, *, max_depth: int = 3) -> list[str]:
+        """The skills ``name`` uses, transitively, dependencies first.
+
+        Raises CircularDependencyError ('a → b → a') for a cycle in the ``uses``
+        declarations and SkillError for a chain deeper than ``max_depth``.
+        """
+        order: list[str] = []
+        done: set[str] = set()
+
+        def visit(skill: str, chain: list[str]) -> None:
+            if skill in chain:
+                cycle = chain[chain.index(skill) :] + [skill]
+                raise CircularDependencyError(f"Circular dependency detected: {' → '.join(cycle)}")
+            if skill in done:
+                return
+            if len(chain) > max_depth:
+                raise SkillError(
+                    f"Maximum skill activation depth ({max_depth}) exceeded: {' → '.join(chain + [skill])}"
+                )
+            for used in self.load_metadata(skill).uses:
+                visit(used, chain + [skill])
+            done.add(skill)
+            order.append(skill)
+
+        visit(name, [])
+        return order[:-1]
+
+
+def _read_capped(path: Path, limit: int, what: str) -> bytes:
+    """Read a file, refusing one larger than ``limit`` (checked before and while reading)."""
+    if path.stat().st_size > limit:
+        raise SkillError(f"{what} is larger than {limit} bytes")
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise SkillError(f"{what} is larger than {limit} bytes")
+    return data
+
+
+# --- activation request and chain ----------------------------------------------------
+
+
+def _new_activation_id() -> str:
+    return f"act_{uuid.uuid4().hex}"
+
+
+def _cycle_message(path: list[str]) -> str:
+    return f"Circular dependency detected: {' → '.join(path)}"
+
+
+class SkillActivationRequest(BaseModel):
+    """A request to activate a skill at a load level, carrying the chain of skills
+    that led to it (the call stack, not a history) so nested activations can refuse
+    cycles and excessive depth.
+
+    Invariant: ``activation_chain`` holds the ``activation_depth`` skills above this
+    one; a top-level request has depth 0 and an empty chain.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    skill_name: str
+    activation_id: str = Field(default_factory=_new_activation_id, min_length=1, max_length=200)
+    load_level: LoadLevel = 2
+    activation_depth: int = Field(default=0, ge=0)
+    max_depth: int = Field(default=3, ge=0, le=32)
+    activation_chain: list[str] = Field(default_factory=list)
+    # Level 3 only: resource paths to read now; empty lists what is available instead.
+    resources: list[str] = Field(default_factory=list, max_length=64)
+
+    @field_validator("skill_name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not _SKILL_NAME.match(value):
+            raise ValueError(f"invalid skill name {value[:80]!r}")
+        return value
+
+    @field_validator("activation_chain")
+    @classmethod
+    def _valid_chain(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _SKILL_NAME.match(name):
+                raise ValueError(f"activation_chain has an invalid skill name {name[:80]!r}")
+        return value
+
+    @field_validator("activation_id")
+    @classmethod
+    def _printable_id(cls, value: str) -> str:
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+            raise ValueError("activation_id contains a control character")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent_chain(self) -> "SkillActivationRequest":
+        if len(self.activation_chain) != self.activation_depth:
+            raise ValueError("activation_chain must hold exactly activation_depth skills")
+        if self.activation_depth > self.max_depth:
+            raise ValueError(f"activation_depth exceeds max_depth ({self.max_depth})")
+        path = self.activation_chain + [self.skill_name]
+        if len(set(path)) != len(path):
+            raise ValueError(_cycle_message(path))
+        return self
+
+    @property
+    def path(self) -> list[str]:
+        """The chain including this skill: where a nested activation would come from."""
+        return [*self.activation_chain, self.skill_name]
+
+    def can_activate_nested(self, skill_name: str) -> bool:
+        """True if this skill may activate ``skill_name``: no cycle, direct (a → a)
+        or indirect (a → b → a), and the nested depth stays within max_depth."""
+        if skill_name in self.path:  # the seeds forgot the skill itself: a → a slipped through
+            return False
+        return self.activation_depth + 1 <= self.max_depth
+
+    def create_nested_request(
+        self,
+        skill_name: str,
+        activation_id: Optional[str] = None,
+        *,
+        load_level: Optional[LoadLevel] = None,
+    ) -> "SkillActivationRequest":
+        """The request for a skill this one activates, with the chain extended."""
+        validate_skill_name(skill_name)
+        if skill_name in self.path:
+            raise CircularDependencyError(_cycle_message(self.path + [skill_name]))
+        if self.activation_depth + 1 > self.max_depth:
+            raise SkillError(
+                f"Maximum skill activation depth ({self.max_depth}) exceeded: "
+                f"{' → '.join(self.path + [skill_name])}"
+            )
+        return SkillActivationRequest(
+            skill_name=skill_name,
+            activation_id=activation_id or _new_activation_id(),
+            load_level=self.load_level if load_level is None else load_level,
+            activation_depth=self.activation_depth + 1,
+            max_depth=self.max_depth,
+            activation_chain=self.path,
+        )
+
+
+class SkillActivationStack:
+    """The live stack of skill activations in one agent run: push when a skill is
+    activated, pop when it is done.
+
+    ``max_depth`` counts nesting below the top-level activation, as in
+    SkillActivationRequest, so the stack holds at most max_depth + 1 activations.
+    """
+
+    def __init__(self, max_depth: int = 3) -> None:
+        if max_depth < 0:
+            raise SkillError("max_depth must be >= 0")
+        self.max_depth = max_depth
+        self._frames: list[tuple[str, str, datetime]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def current_chain(self) -> list[str]:
+        with self._lock:
+            return [frame[0] for frame in self._frames]
+
+    @property
+    def depth(self) -> int:
+        """How many activations are on the stack."""
+        with self._lock:
+            return len(self._frames)
+
+    def __len__(self) -> int:
+        return self.depth
+
+    def push(self, skill_name: str, activation_id: str) -> None:
+        validate_skill_name(skill_name)
+        with self._lock:
+            names = [frame[0] for frame in self._frames]
+            if skill_name in names:
+                raise CircularDependencyError(_cycle_message(names + [skill_name]))
+            if len(self._frames) > self.max_depth:
+                raise SkillError(
+                    f"Maximum skill activation depth ({self.max_depth}) exceeded: "
+                    f"{' → '.join(names + [skill_name])}"
+                )
+            self._frames.append((skill_name, activation_id, datetime.now()))
+
+    def pop(self, skill_name: str, activation_id: Optional[str] = None) -> None:
+        """Pop the top activation, which must be ``skill_name`` (and ``activation_id``
+        when given): a mismatch means activations were not nested properly."""
+        with self._lock:
+            if not self._frames:
+                raise SkillError(f"cannot pop {skill_name!r}: no skill is active")
+            top_name, top_id, _ = self._frames[-1]
+            if top_name != skill_name or (activation_id is not None and top_id != activation_id):
+                raise SkillError(
+                    f"skill stack mismatch: popping {skill_name!r} ({activation_id}) "
+                    f"but {top_name!r} ({top_id}) is on top"
+                )
+            self._frames.pop()
+
+    @contextmanager
+    def activate(self, skill_name: str, activation_id: Optional[str] = None) -> Iterator[str]:
+        """``with stack.activate("a"):`` pushes, and pops even if the body raises."""
+        activation_id = activation_id or _new_activation_id()
+        self.push(skill_name, activation_id)
+        try:
+            yield activation_id
+        finally:
+            self.pop(skill_name, activation_id)
+
+    def request_for(
+        self, skill_name: str, *, load_level: LoadLevel = 2, activation_id: Optional[str] = None
+    ) -> SkillActivationRequest:
+        """A request for activating ``skill_name`` from where the stack is now."""
+        chain = self.current_chain
+        if skill_name in chain:
+            raise CircularDependencyError(_cycle_message(chain + [skill_name]))
+        if len(chain) > self.max_depth:
+            raise SkillError(
+                f"Maximum skill activation depth ({self.max_depth}) exceeded: "
+                f"{' → '.join(chain + [skill_name])}"
+            )
+        return SkillActivationRequest(
+            skill_name=skill_name,
+            activation_id=activation_id or _new_activation_id(),
+            load_level=load_level,
+            activation_depth=len(chain),
+            max_depth=self.max_depth,
+            activation_chain=chain,
+        )
+
+
+# --- activation result ---------------------------------------------------------------
+
+
+class ContextModifier(BaseModel):
+    """How an active skill changes the agent's execution context.
+
+    ``allowed_tools`` is read by the ToolExecutor: None means no restriction.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    allowed_tools: Optional[frozenset[str]] = None
+    model: Optional[str] = None
+    disable_model_invocation: bool = False
+
+    @classmethod
+    def from_metadata(cls, metadata: SkillMetadata) -> "ContextModifier":
+        tools = None if metadata.allowed_tools is None else frozenset(metadata.allowed_tools)
+        return cls(
+            allowed_tools=tools,
+            model=metadata.model,
+            disable_model_invocation=metadata.disable_model_invocation,
+        )
+
+    def allows(self, tool_name: str) -> bool:
+        return self.allowed_tools is None or tool_name in self.allowed_tools
+
+
+class SkillMessage(BaseModel):
+    """One message an activation injects. Hidden messages reach the model but are
+    not shown to the user (the skill body is instructions, not conversation)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["metadata", "instruction", "resource", "permissions"]
+    content: str
+    visibility: Literal["visible", "hidden"] = "visible"
+
+
+class SkillActivationResult(BaseModel):
+    """What an activation loaded and what the agent injects; failures are results."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    skill_name: str
+    activation_id: str
+    load_level: LoadLevel
+    messages: list[SkillMessage] = Field(default_factory=list)
+    context_modifier: ContextModifier = Field(default_factory=ContextModifier)
+    # Tokens of the skill material loaded (summary, body, resources or their index);
+    # the short framing lines around them are not counted.
+    tokens_loaded: int = Field(default=0, ge=0)
+    resources: list[str] = Field(default_factory=list)  # resource paths read
+    success: bool = True
+    error: Optional[str] = None
+    duration_ms: float = Field(default=0.0, ge=0)
+    activation_depth: int = Field(default=0, ge=0)
+    activation_chain: list[str] = Field(default_factory=list)
+
+    def to_llm_messages(self) -> list[dict[str, Any]]:
+        """Dict messages for the model. Hidden ones carry ``"isMeta": True`` (also in
+        ``additional_kwargs`` for LangChain). All are user-role: the seeds' assistant
+        role for hidden ones would put words in the model's mouth, and several
+        providers refuse an assistant message last."""
+        converted: list[dict[str, Any]] = []
+        for message in self.messages:
+            item: dict[str, Any] = {"role": "user", "content": message.content}
+            if message.visibility == "hidden":
+                item["isMeta"] = True
+                item["additional_kwargs"] = {"isMeta": True}
+            converted.append(item)
+        return converted
+
+    def to_record(
+        self,
+        conversation_id: str,
+        round_id: Optional[str] = None,
+        *,
+        trace_id: Optional[str] = None,
+        span_id: Optional[str] = None,
+        occurred_at: Optional[datetime] = None,
+    ) -> SkillActivationRecord:
+        """The dashboard record of this activation."""
+        extra: dict[str, Any] = {} if occurred_at is None else {"occurred_at": occurred_at}
+        return SkillActivationRecord(
+            conversation_id=conversation_id,
+            round_id=round_id,
+            trace_id=trace_id,
+            span_id=span_id,
+            skill_name=self.skill_name,
+            activation_id=self.activation_id,
+            load_level=self.load_level,
+            depth=self.activation_depth,
+            chain=list(self.activation_chain),
+            tokens_loaded=self.tokens_loaded,
+            resources=list(self.resources),
+            success=self.success,
+            error=self.error,
+            duration_ms=self.duration_ms,
+            **extra,
+        )
+
+
+# --- activator -----------------------------------------------------------------------
+
+
+class SkillActivator:
+    """Performs activations: loads the requested level, builds the messages and the
+    context modifier, and times it. A skill that cannot be loaded (missing,
+    malformed, a refused resource) gives a failed result, never an exception, so the
+    agent can tell the model and carry on."""
+
+    def __init__(self, loader: SkillLoader, *, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.loader = loader
+        self._clock = clock
+
+    def activate(self, request: SkillActivationRequest) -> SkillActivationResult:
+        started = self._clock()
+        base = {
+            "skill_name": request.skill_name,
+            "activation_id": request.activation_id,
+            "load_level": request.load_level,
+            "activation_depth": request.activation_depth,
+            "activation_chain": list(request.activation_chain),
+        }
+        try:
+            loaded = self._load(request)
+        except (SkillError, OSError) as exc:  # OSError: unreadable files, permissions
+            error = str(exc) if isinstance(exc, SkillError) else f"cannot read skill {request.skill_name!r}: {exc}"
+            return SkillActivationResult(
+                **base,
+                success=False,
+                error=error[:MAX_ERROR_CHARS],
+                duration_ms=self._elapsed_ms(started),
+            )
+        messages, modifier, tokens, resources = loaded
+        return SkillActivationResult(
+            **base,
+            messages=messages,
+            context_modifier=modifier,
+            tokens_loaded=tokens,
+            resources=resources,
+            duration_ms=self._elapsed_ms(started),
+        )
+
+    def _elapsed_ms(self, started: float) -> float:
+        return max(0.0, (self._clock() - started) * 1000.0)
+
+    def _load(
+        self, request: SkillActivationRequest
+    ) -> tuple[list[SkillMessage], ContextModifier, int, list[str]]:
+        name = request.skill_name
+        if request.load_level == 1:
+            metadata = self.loader.load_metadata(name)
+            tokens = metadata.tokens
+        else:
+            instructions = self.loader.load_full(name)
+            metadata = instructions.metadata
+            tokens = metadata.tokens + instructions.tokens
+        messages = [
+            SkillMessage(type="metadata", content=f'The "{name}" skill is loading: {metadata.description}')
+        ]
+        if request.load_level >= 2:
+            messages.append(SkillMessage(type="instruction", content=instructions.body, visibility="hidden"))
+        resources: list[str] = []
+        if request.load_level == 3:
+            if request.resources:
+                for path in request.resources:
+                    resource = self.loader.load_resource(name, path)
+                    tokens += resource.tokens
+                    resources.append(resource.path)
+                    messages.append(
+                        SkillMessage(
+                            type="resource",
+                            content=f'<skill-resource path="{resource.path}">\n{resource.content}\n</skill-resource>',
+                            visibility="hidden",
+                        )
+                    )
+            else:
+                available = self.loader.list_resources(name)
+                index = "\n".join(f"- {path}" for path in available) or "(none)"
+                content = f'Resources of the "{name}" skill, readable on request:\n{index}'
+                tokens += self.loader.count_tokens(content)
+                messages.append(SkillMessage(type="resource", content=content, visibility="hidden"))
+        modifier = ContextModifier.from_metadata(metadata)
+        if modifier.allowed_tools is not None:
+            tools = ", ".join(sorted(modifier.allowed_tools)) or "(none)"
+            messages.append(
+                SkillMessage(
+                    type="permissions",
+                    content=f'While the "{name}" skill is active, the tools you may use are: {tools}',
+                    visibility="hidden",
+                )
+            )
+        return messages, modifier, tokens, resources
