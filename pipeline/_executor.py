@@ -1,0 +1,464 @@
+"""The tool executor: the seeds' PipelineToolWrapper and ``@pipeline_tool``.
+
+One call goes: permission check (the active skill's allowed tools) → idempotency
+cache → output level → run with timeout → retry transient failures with backoff
+and growing timeouts → result (artifact store for large or FULL data) → token
+count → ``on_result`` callbacks. Every failure along the way becomes an error
+result in the standard error observation: nothing propagates into the agent loop,
+not even a failing token counter, artifact store, cache or callback (those degrade
+and are noted in ``result.warnings`` or the log).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Union
+
+from ._errors import ToolErrorResponse, ToolErrorType, describe_exception
+from ._exceptions import ConfigError, ToolTimeoutError
+from ._levels import OutputLevel, _render, resolve_output_level, summarize_data
+from ._models import Payload, ToolCachePolicy, ToolExecutionResult, ToolInvocationRequest
+from ._records import LevelRendering
+from ._retry import ToolRetryPolicy
+from ._timeout import ToolTimeoutHandler, get_timeout_handler
+
+logger = logging.getLogger("pipeline.tools")
+
+DEFAULT_MODEL = "claude-3-sonnet"
+ResultCallback = Callable[[ToolInvocationRequest, ToolExecutionResult, list[LevelRendering]], Any]
+_LEVELS = (OutputLevel.BRIEF, OutputLevel.STANDARD, OutputLevel.FULL)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """How a tool is registered: its name and the defaults its calls run with."""
+
+    name: str
+    func: Callable[..., Any]
+    version: str = "1.0.0"
+    default_level: Optional[OutputLevel] = None
+    cache_policy: ToolCachePolicy = ToolCachePolicy.NO_CACHE
+    timeout_ms: Optional[int] = None
+
+
+def _checked_spec(
+    name: Any,
+    func: Any,
+    version: Any,
+    default_level: Any,
+    cache_policy: Any,
+    timeout_ms: Any,
+) -> ToolSpec:
+    if not isinstance(name, str) or not 0 < len(name) <= 200:
+        raise ConfigError("name", "must be a non-empty string of at most 200 characters")
+    if not callable(func):
+        raise ConfigError("func", "must be callable")
+    if not isinstance(version, str) or not version:
+        raise ConfigError("version", "must be a non-empty string")
+    if timeout_ms is not None and (
+        isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0
+    ):
+        raise ConfigError("timeout_ms", "must be a positive integer or None")
+    try:
+        level = None if default_level is None else OutputLevel(default_level)
+    except ValueError:
+        raise ConfigError("default_level", f"not an output level: {default_level!r}") from None
+    try:
+        policy = ToolCachePolicy(cache_policy)
+    except ValueError:
+        raise ConfigError("cache_policy", f"not a cache policy: {cache_policy!r}") from None
+    return ToolSpec(name, func, version, level, policy, timeout_ms)
+
+
+def pipeline_tool(
+    func: Optional[Callable[..., Any]] = None,
+    *,
+    name: Optional[str] = None,
+    version: str = "1.0.0",
+    default_level: Union[OutputLevel, str, None] = None,
+    cache_policy: Union[ToolCachePolicy, str] = ToolCachePolicy.NO_CACHE,
+    timeout_ms: Optional[int] = None,
+    executor: Optional["ToolExecutor"] = None,
+) -> Any:
+    """Mark a plain ``def`` as a pipeline tool (``@pipeline_tool`` or
+    ``@pipeline_tool(name=..., cache_policy=...)``).
+
+    The function is returned unchanged (still directly callable) with its ToolSpec
+    at ``func.pipeline_tool``; with ``executor`` it is registered there at once,
+    otherwise register it later with ``executor.register_tool(func)``.
+    """
+
+    def decorate(target: Callable[..., Any]) -> Callable[..., Any]:
+        spec = _checked_spec(
+            name or getattr(target, "__name__", None),
+            target,
+            version,
+            default_level,
+            cache_policy,
+            timeout_ms,
+        )
+        target.pipeline_tool = spec  # type: ignore[attr-defined]
+        if executor is not None:
+            executor.register_tool(target)
+        return target
+
+    return decorate(func) if func is not None else decorate
+
+
+class ToolExecutor:
+    """Runs registered tools for an agent and turns every outcome into a
+    ToolExecutionResult. Safe to use from several threads at once."""
+
+    def __init__(
+        self,
+        *,
+        token_counter: Any = None,
+        artifact_store: Any = None,
+        idempotency_cache: Any = None,
+        retry_policy: Optional[ToolRetryPolicy] = None,
+        sleep: Callable[[float], Any] = time.sleep,
+        clock: Callable[[], float] = time.perf_counter,
+        model: str = DEFAULT_MODEL,
+        global_default_level: Union[OutputLevel, str] = OutputLevel.STANDARD,
+        tool_levels: Optional[Mapping[str, Union[OutputLevel, str]]] = None,
+        tool_cache_policies: Optional[Mapping[str, Union[ToolCachePolicy, str]]] = None,
+        timeout_handler: Optional[ToolTimeoutHandler] = None,
+        on_result: Optional[Iterable[ResultCallback]] = None,
+    ) -> None:
+        if token_counter is None:
+            from ._tokens import get_token_counter
+
+            token_counter = get_token_counter()
+        if idempotency_cache is None:
+            from ._cache import IdempotencyCache
+
+            idempotency_cache = IdempotencyCache()
+        self.token_counter = token_counter
+        self.artifact_store = artifact_store
+        self.idempotency_cache = idempotency_cache
+        self.retry_policy = retry_policy or ToolRetryPolicy()
+        self.model = model
+        self.global_default_level = OutputLevel(global_default_level)
+        # Per-tool overrides (admin / remote config) win over registration defaults.
+        self.tool_levels = {k: OutputLevel(v) for k, v in (tool_levels or {}).items()}
+        self.tool_cache_policies = {
+            k: ToolCachePolicy(v) for k, v in (tool_cache_policies or {}).items()
+        }
+        self.timeout_handler = timeout_handler or get_timeout_handler()
+        self.on_result: list[ResultCallback] = list(on_result or [])
+        self._sleep = sleep
+        self._clock = clock
+        self._tools: dict[str, ToolSpec] = {}
+        self._register_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ registry
+
+    def register(
+        self,
+        name: str,
+        func: Callable[..., Any],
+        *,
+        version: str = "1.0.0",
+        default_level: Union[OutputLevel, str, None] = None,
+        cache_policy: Union[ToolCachePolicy, str] = ToolCachePolicy.NO_CACHE,
+        timeout_ms: Optional[int] = None,
+    ) -> Callable[..., Any]:
+        """Register ``func`` under ``name``; it is called as ``func(**parameters)``.
+        Raises ConfigError (naming the field) for a bad registration."""
+        spec = _checked_spec(name, func, version, default_level, cache_policy, timeout_ms)
+        self._add(spec)
+        return func
+
+    def register_tool(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """Register a function decorated with ``@pipeline_tool``."""
+        spec = getattr(func, "pipeline_tool", None)
+        if not isinstance(spec, ToolSpec):
+            raise ConfigError("func", "is not decorated with @pipeline_tool")
+        self._add(spec)
+        return func
+
+    def _add(self, spec: ToolSpec) -> None:
+        with self._register_lock:  # copy on write: execute() reads without a lock
+            tools = dict(self._tools)
+            tools[spec.name] = spec
+            self._tools = tools
+
+    @property
+    def tool_names(self) -> list[str]:
+        return sorted(self._tools)
+
+    # ------------------------------------------------------------------ execution
+
+    def execute(
+        self,
+        request: ToolInvocationRequest,
+        *,
+        context_usage: float = 0.0,
+        context_modifier: Any = None,
+    ) -> ToolExecutionResult:
+        """Run one tool call and return its result; never raises for tool failures.
+
+        ``context_usage`` (0..1) is how full the context window is (above 0.8 the
+        level drops to BRIEF unless the call or the tool says otherwise);
+        ``context_modifier`` is the active skill's modifier: a non-None
+        ``allowed_tools`` that lacks this tool denies the call without running it.
+        Only a request that is not a ToolInvocationRequest (a caller bug) raises,
+        and KeyboardInterrupt / SystemExit from a tool propagate as themselves.
+        """
+        return self._execute(request, context_usage, context_modifier, False)[0]
+
+    def execute_with_renderings(
+        self,
+        request: ToolInvocationRequest,
+        *,
+        context_usage: float = 0.0,
+        context_modifier: Any = None,
+    ) -> tuple[ToolExecutionResult, list[LevelRendering]]:
+        """execute(), plus the same data rendered at BRIEF, STANDARD and FULL with
+        their token counts (for the dashboard's level comparison). No second
+        artifact is written: FULL refers to the call's artifact when it has one.
+        A failed call has no renderings; a cache hit only its own level's."""
+        return self._execute(request, context_usage, context_modifier, True)
+
+    def _execute(
+        self,
+        request: ToolInvocationRequest,
+        context_usage: float,
+        context_modifier: Any,
+        want_renderings: bool,
+    ) -> tuple[ToolExecutionResult, list[LevelRendering]]:
+        if not isinstance(request, ToolInvocationRequest):
+            raise TypeError("execute() takes a ToolInvocationRequest")
+        started = self._clock()
+        renderings: list[LevelRendering] = []
+        callbacks = self.on_result
+        try:
+            result, renderings = self._run(
+                request, context_usage, context_modifier, want_renderings or bool(callbacks)
+            )
+        except Exception as exc:  # a bug of ours must not reach the agent loop either
+            logger.exception("tool executor failed on %s", request.tool_call_id)
+            result = ToolErrorResponse(
+                tool_call_id=request.tool_call_id,
+                error_type=ToolErrorType.INTERNAL_ERROR,
+                error_code=ToolErrorType.INTERNAL_ERROR.default_code,
+                error_message=f"Tool executor error: {describe_exception(exc)}",
+            ).to_result()
+            result.observation_tokens = self._count(result.observation, result.warnings)
+        result.duration_ms = max(0.0, (self._clock() - started) * 1000.0)
+        for callback in callbacks:
+            try:
+                callback(request, result, renderings)
+            except Exception:
+                logger.exception("on_result callback %r failed", callback)
+        return result, renderings
+
+    def _run(
+        self,
+        request: ToolInvocationRequest,
+        context_usage: float,
+        context_modifier: Any,
+        want_renderings: bool,
+    ) -> tuple[ToolExecutionResult, list[LevelRendering]]:
+        name = request.tool_name
+        if not _allowed(name, context_modifier):
+            return self._error(
+                request,
+                ToolErrorType.PERMISSION_DENIED,
+                f"Tool '{name}' is not allowed in the current context",
+            ), []
+        spec = self._tools.get(name)
+        if spec is None:
+            known = ", ".join(sorted(self._tools)[:20]) or "none"
+            return self._error(
+                request, ToolErrorType.NOT_FOUND, f"Unknown tool '{name}'. Available tools: {known}"
+            ), []
+
+        level = resolve_output_level(
+            request.output_level,
+            self.tool_levels.get(name, spec.default_level),
+            context_usage,
+            self.global_default_level,
+        )
+        policy = self._cache_policy(request, spec)
+        key = None
+        if policy is not ToolCachePolicy.NO_CACHE:
+            key = request.get_or_generate_idempotency_key()
+            cached = self._cached(key, level)
+            if cached is not None:
+                hit = cached.model_copy(
+                    update={"tool_call_id": request.tool_call_id, "cache_hit": True}, deep=True
+                )
+                if not want_renderings:
+                    return hit, []
+                own = LevelRendering(
+                    level=level, observation=hit.observation, tokens=hit.observation_tokens
+                )
+                return hit, [own]
+
+        outcome = self._call_with_retries(request, spec)
+        if isinstance(outcome, ToolExecutionResult):
+            outcome.observation_tokens = self._count(outcome.observation, outcome.warnings)
+            return outcome, []
+        payload, retries, last_error = outcome
+
+        result = ToolExecutionResult.from_payload(
+            request.tool_call_id, payload, level, self.artifact_store
+        )
+        result.retry_count = retries
+        result.last_error = last_error
+        renderings: list[LevelRendering] = []
+        if want_renderings:
+            renderings = self._renderings(payload, result)
+            result.observation_tokens = next(r.tokens for r in renderings if r.level is level)
+        else:
+            result.observation_tokens = self._count(result.observation, result.warnings)
+        if key is not None:
+            try:
+                self.idempotency_cache.remember(key, result, policy)
+            except Exception as exc:
+                logger.warning("idempotency cache failed for %s: %s", request.tool_call_id, exc)
+                result.warnings.append(f"cache_failed: {type(exc).__name__}")
+        return result, renderings
+
+    def _call_with_retries(
+        self, request: ToolInvocationRequest, spec: ToolSpec
+    ) -> Union[ToolExecutionResult, tuple[Payload, int, Optional[str]]]:
+        """Run the tool until it succeeds or the policy gives up; return the encoded
+        data with the retry count and last error, or the error result."""
+        base_timeout = (
+            spec.timeout_ms
+            if spec.timeout_ms is not None and "timeout_ms" not in request.model_fields_set
+            else request.timeout_ms
+        )
+        call = functools.partial(spec.func, **request.parameters)
+        policy = self.retry_policy
+        attempt = 0
+        last_error: Optional[str] = None
+        while True:
+            timeout = base_timeout if attempt == 0 else policy.get_retry_timeout(base_timeout, attempt)
+            try:
+                raw = self.timeout_handler.execute_with_timeout(call, request.tool_call_id, timeout)
+            except Exception as exc:
+                error = ToolErrorResponse.from_exception(request.tool_call_id, exc)
+                if isinstance(exc, ToolTimeoutError):
+                    error.error_message = f"Tool execution timed out after {timeout}ms"
+                last_error = f"{error.error_type.value}: {error.error_message}"
+                retry = policy.should_retry(error.error_type, attempt) and (
+                    error.error_type is not ToolErrorType.TIMEOUT or request.retry_on_timeout
+                )
+                if not retry:
+                    return error.to_result(retry_count=attempt, last_error=last_error)
+                logger.info("retrying %s after %s", request.tool_call_id, last_error)
+                self._sleep(policy.get_delay(attempt) / 1000.0)
+                attempt += 1
+            else:
+                return Payload.of(raw), attempt, last_error
+
+    # ------------------------------------------------------------------ helpers
+
+    def _cache_policy(self, request: ToolInvocationRequest, spec: ToolSpec) -> ToolCachePolicy:
+        # A policy the caller set on the request wins; else config, else registration.
+        if "cache_policy" in request.model_fields_set:
+            return request.cache_policy
+        return self.tool_cache_policies.get(spec.name, spec.cache_policy)
+
+    def _cached(self, key: str, level: OutputLevel) -> Optional[ToolExecutionResult]:
+        try:
+            cached = self.idempotency_cache.get(key)
+        except Exception as exc:
+            logger.warning("idempotency cache lookup failed: %s", exc)
+            return None
+        # The key does not include the level: a result rendered at another level is
+        # not this call's observation, so it is a miss (and gets replaced).
+        if isinstance(cached, ToolExecutionResult) and cached.output_level is level:
+            return cached
+        return None
+
+    def _count(self, text: str, warnings: list[str]) -> int:
+        try:
+            return int(self.token_counter.count_tokens(text, self.model))
+        except Exception as exc:  # degrade to an estimate; never fail the call for it
+            logger.warning("token counter failed: %s", exc)
+            if not any(w.startswith("token_count_estimated") for w in warnings):
+                warnings.append(f"token_count_estimated: {type(exc).__name__}")
+            return len(text) // 4 + 1
+
+    def _renderings(self, payload: Payload, result: ToolExecutionResult) -> list[LevelRendering]:
+        """The data at each level, reusing this call's artifact (never storing another)."""
+        artifact_id = result.artifact_id
+        # Data that went to the store because of its size would go there at any level.
+        by_size = artifact_id is not None and result.output_level is not OutputLevel.FULL
+        summary = result.data_summary or (summarize_data(payload.raw) if artifact_id else None)
+        renderings = []
+        for level in _LEVELS:
+            if level is result.output_level:
+                text = result.observation
+            elif artifact_id and (level is OutputLevel.FULL or by_size):
+                text = _render(payload.raw, OutputLevel.FULL, artifact_id, summary, None)
+            else:
+                text = _render(payload.raw, level, None, None, payload.full_json)
+            renderings.append(
+                LevelRendering(level=level, observation=text, tokens=self._count(text, result.warnings))
+            )
+        return renderings
+
+    def _error(
+        self, request: ToolInvocationRequest, error_type: ToolErrorType, message: str
+    ) -> ToolExecutionResult:
+        result = ToolErrorResponse(
+            tool_call_id=request.tool_call_id,
+            error_type=error_type,
+            error_code=error_type.default_code,
+            error_message=message,
+        ).to_result()
+        result.observation_tokens = self._count(result.observation, result.warnings)
+        return result
+
+
+def _allowed(tool_name: str, context_modifier: Any) -> bool:
+    """Duck-typed check of a skill's ContextModifier (or a dict with allowed_tools)."""
+    if context_modifier is None:
+        return True
+    if isinstance(context_modifier, Mapping):
+        allowed = context_modifier.get("allowed_tools")
+    else:
+        allowed = getattr(context_modifier, "allowed_tools", None)
+    if allowed is None:
+        return True
+    if isinstance(allowed, str):  # one name, not a collection of characters
+        return tool_name == allowed
+    if not isinstance(allowed, Collection):
+        return False  # junk restriction: deny rather than guess
+    return tool_name in allowed
+
+
+def render_levels(
+    raw_data: Any,
+    counter: Any,
+    model: str = DEFAULT_MODEL,
+    *,
+    artifact_id: Optional[str] = None,
+    data_summary: Optional[str] = None,
+) -> list[LevelRendering]:
+    """Raw data rendered at BRIEF, STANDARD and FULL with token counts (FULL as the
+    artifact reference when ``artifact_id`` is given). Encodes the data once."""
+    payload = Payload.of(raw_data)
+    renderings = []
+    for level in _LEVELS:
+        text = _render(
+            payload.raw,
+            level,
+            artifact_id,
+            data_summary or (summarize_data(raw_data) if artifact_id else None),
+            payload.full_json,
+        )
+        renderings.append(
+            LevelRendering(level=level, observation=text, tokens=int(counter.count_tokens(text, model)))
+        )
+    return renderings

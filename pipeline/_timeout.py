@@ -1,0 +1,238 @@
+"""Synchronous timeouts for synchronous tools (seeds v2.1: ``def`` tools, no asyncio).
+
+The tool runs on a worker thread while the caller waits at most ``timeout_ms``.
+Python cannot kill a thread, so on timeout the worker is *abandoned*: it is a
+daemon thread that keeps running until the tool returns by itself, and its late
+result (or exception) is discarded. Abandoned ("stuck") workers are bounded: at
+most ``max_workers`` workers exist at once (default 32); when all of them are
+stuck, new calls fail fast with a RESOURCE_ERROR instead of spawning more threads.
+Workers whose calls finish are kept (a small idle pool) and reused, so a normal
+call costs a hand-off between two threads, not a thread start.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from ._errors import ToolError, ToolErrorResponse, ToolErrorType
+from ._exceptions import ToolTimeoutError
+from ._models import ToolExecutionResult
+
+logger = logging.getLogger("pipeline.tools")
+
+DEFAULT_MAX_WORKERS = 32
+DEFAULT_MAX_IDLE_WORKERS = 8
+
+
+class WorkerLimitReached(ToolError):
+    """Every worker is busy or stuck on a timed-out tool: the call was not started."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            ToolErrorType.RESOURCE_ERROR,
+            f"All {limit} tool worker threads are busy or stuck on timed-out tools; "
+            "the call was not started",
+            code="WORKER_LIMIT",
+        )
+
+
+class _Job:
+    __slots__ = ("func", "context", "done", "value", "error", "finished", "abandoned")
+
+    def __init__(self, func: Callable[[], Any]) -> None:
+        self.func = func
+        self.context = contextvars.copy_context()  # tracing context follows the tool
+        self.done = threading.Lock()
+        self.done.acquire()  # released by the worker when the job ends
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
+        self.finished = False
+        self.abandoned = False
+
+
+class _Worker:
+    """One daemon thread that runs jobs handed to it, one at a time."""
+
+    def __init__(self, handler: "ToolTimeoutHandler") -> None:
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.handler = handler
+        self.thread = threading.Thread(target=self._run, name="pipeline-tool-worker", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        handler = self.handler
+        while True:
+            try:
+                job = self.jobs.get(timeout=handler.idle_seconds)
+            except queue.Empty:
+                if handler._retire(self):
+                    return
+                continue
+            try:
+                job.value = job.context.run(job.func)
+            except BaseException as exc:  # handed to the caller, who re-raises it
+                job.error = exc
+            job.func = None  # type: ignore[assignment]  # drop references early
+            keep = handler._finish(self, job)
+            job.done.release()  # after _finish: a caller that returns finds this worker idle
+            if not keep:
+                return
+
+
+class ToolTimeoutHandler:
+    """Runs a callable with a timeout on a bounded, reused set of worker threads."""
+
+    def __init__(
+        self,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+        max_idle_workers: int = DEFAULT_MAX_IDLE_WORKERS,
+        idle_seconds: float = 60.0,
+    ) -> None:
+        if max_workers < 1:
+            raise ValueError("max_workers must be at least 1")
+        if max_idle_workers < 0:
+            raise ValueError("max_idle_workers must not be negative")
+        self.max_workers = max_workers
+        self.max_idle_workers = min(max_idle_workers, max_workers)
+        self.idle_seconds = idle_seconds
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_workers)  # one per busy worker
+        self._idle: list[_Worker] = []
+        self._workers = 0  # live worker threads
+        self._stuck = 0  # workers still running an abandoned job
+        self._started = 0  # threads ever started (for tests and diagnostics)
+
+    # ------------------------------------------------------------------ counters
+
+    @property
+    def stuck_workers(self) -> int:
+        return self._stuck
+
+    @property
+    def live_workers(self) -> int:
+        return self._workers
+
+    @property
+    def threads_started(self) -> int:
+        return self._started
+
+    # ------------------------------------------------------------------ running
+
+    def execute_with_timeout(
+        self, func: Callable[[], Any], tool_call_id: str, timeout_ms: float
+    ) -> Any:
+        """Return ``func()``, or raise ToolTimeoutError after ``timeout_ms``.
+
+        Exceptions raised by ``func`` propagate as themselves. On timeout the worker
+        thread is abandoned (it cannot be killed): it runs on until the tool
+        returns, and that late result is discarded. Raises WorkerLimitReached (a
+        RESOURCE_ERROR ToolError) when no worker can take the call.
+        """
+        if not timeout_ms or timeout_ms <= 0:
+            raise ValueError("timeout_ms must be positive")
+        timeout = timeout_ms / 1000.0
+        if self._stuck >= self.max_workers:
+            raise WorkerLimitReached(self.max_workers)
+        if not self._slots.acquire(blocking=False):
+            # Every worker is busy: wait for one, but within this call's timeout.
+            started = time.monotonic()
+            if not self._slots.acquire(timeout=timeout):
+                raise WorkerLimitReached(self.max_workers)
+            timeout = max(timeout - (time.monotonic() - started), 0.001)
+        job = _Job(func)
+        try:
+            self._worker().jobs.put(job)
+        except BaseException:
+            self._slots.release()
+            raise
+        if not job.done.acquire(timeout=timeout):
+            with self._lock:
+                if not job.finished:  # the worker did not win the race: abandon it
+                    job.abandoned = True
+                    self._stuck += 1
+            if job.abandoned:
+                logger.warning(
+                    "tool call %s timed out after %sms; its worker thread is abandoned",
+                    tool_call_id,
+                    timeout_ms,
+                )
+                raise ToolTimeoutError(
+                    f"Tool call {tool_call_id} timed out after {timeout_ms:g}ms"
+                )
+            job.done.acquire()  # finished just now: the release is imminent
+        if job.error is not None:
+            error, job.error = job.error, None
+            raise error
+        return job.value
+
+    def _worker(self) -> _Worker:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            self._workers += 1
+            self._started += 1
+        try:
+            return _Worker(self)
+        except BaseException:
+            with self._lock:
+                self._workers -= 1
+            raise
+
+    def _finish(self, worker: _Worker, job: _Job) -> bool:
+        """Book a finished job; return whether the worker stays (idle) or exits."""
+        with self._lock:
+            job.finished = True
+            if job.abandoned:
+                self._stuck -= 1
+                job.value = job.error = None  # the late result is discarded
+            keep = len(self._idle) < self.max_idle_workers
+            if keep:
+                self._idle.append(worker)
+            else:
+                self._workers -= 1
+        self._slots.release()
+        return keep
+
+    def _retire(self, worker: _Worker) -> bool:
+        """An idle worker that waited ``idle_seconds`` for work ends, unless a caller
+        took it from the idle list at that very moment."""
+        with self._lock:
+            if worker in self._idle:
+                self._idle.remove(worker)
+                self._workers -= 1
+                return True
+        return False
+
+    # ------------------------------------------------------------------ results
+
+    @staticmethod
+    def create_timeout_result(
+        tool_call_id: str, timeout_ms: float, **fields: Any
+    ) -> ToolExecutionResult:
+        """The error result of a timed-out call (returned, not raised), in the
+        standard error observation."""
+        return ToolErrorResponse(
+            tool_call_id=tool_call_id,
+            error_type=ToolErrorType.TIMEOUT,
+            error_code=ToolErrorType.TIMEOUT.default_code,
+            error_message=f"Tool execution timed out after {timeout_ms:g}ms",
+        ).to_result(**fields)
+
+
+_default_handler: Optional[ToolTimeoutHandler] = None
+_default_lock = threading.Lock()
+
+
+def get_timeout_handler() -> ToolTimeoutHandler:
+    """The process-wide handler, so the stuck-worker bound holds across executors."""
+    global _default_handler
+    if _default_handler is None:
+        with _default_lock:
+            if _default_handler is None:
+                _default_handler = ToolTimeoutHandler()
+    return _default_handler

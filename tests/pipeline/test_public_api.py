@@ -1,0 +1,91 @@
+"""Pins the public API of the tool protocol (levels, models, carriers, errors, retry,
+timeout, executor) and that the library never pulls in Django."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pipeline
+
+TOOL_PROTOCOL_MODULES = {
+    "pipeline._levels",
+    "pipeline._models",
+    "pipeline._carriers",
+    "pipeline._errors",
+    "pipeline._retry",
+    "pipeline._timeout",
+    "pipeline._executor",
+}
+
+TOOL_PROTOCOL_API = {
+    # _levels
+    "OutputLevel",
+    "format_observation",
+    "resolve_output_level",
+    "summarize_data",
+    "to_json",
+    # _models
+    "ToolCachePolicy",
+    "ToolExecutionResult",
+    "ToolInvocationRequest",
+    # _carriers
+    "ContentBlock",
+    "ContentBlockType",
+    "MessageType",
+    "StandardMessage",
+    # _errors
+    "ToolError",
+    "ToolErrorResponse",
+    "ToolErrorType",
+    "classify_exception",
+    # _retry
+    "ToolRetryPolicy",
+    # _timeout
+    "ToolTimeoutHandler",
+    "WorkerLimitReached",
+    "get_timeout_handler",
+    # _executor
+    "ToolExecutor",
+    "ToolSpec",
+    "pipeline_tool",
+    "render_levels",
+}
+
+REPO = Path(pipeline.__file__).resolve().parent.parent
+
+
+def test_it_exports_exactly_the_tool_protocol_api():
+    exported = {
+        name
+        for name in pipeline.__all__
+        if getattr(getattr(pipeline, name), "__module__", None) in TOOL_PROTOCOL_MODULES
+    }
+    assert exported == TOOL_PROTOCOL_API
+
+
+def test_it_lists_each_tool_protocol_name_once_and_every_name_resolves():
+    for name in TOOL_PROTOCOL_API:
+        assert pipeline.__all__.count(name) == 1, name
+    for name in pipeline.__all__:
+        assert hasattr(pipeline, name), name
+
+
+def test_it_imports_no_django():
+    code = (
+        "import sys, pipeline\n"
+        "from pipeline import ToolExecutor, ToolInvocationRequest\n"
+        "ex = ToolExecutor()\n"
+        "ex.register('one', lambda: [1])\n"
+        "assert ex.execute(ToolInvocationRequest(tool_call_id='c', tool_name='one')).success\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'django'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_it_ships_type_information():
+    assert (REPO / "pipeline" / "py.typed").exists()
