@@ -12,7 +12,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, Callable, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from ._compression_types import CompressionResult
 from ._levels import OutputLevel
@@ -26,9 +26,41 @@ TraceId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 SpanId = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
 Role = Literal["system", "user", "assistant", "tool"]
 
+# Bounds on lists a record may carry: a record is one event, not a dump. The ingest
+# body limit bounds the bytes; these bound the row counts one record can fan out to.
+MAX_TOOL_CALLS = 128
+MAX_THOUGHTS = 1_000
+MAX_CHAIN = 64
+MAX_RESOURCES = 1_000
+MAX_JSON_DEPTH = 32  # free-form JSON (tool parameters) nested deeper is hostile, not data
+
+
+def _limit_depth(value: dict[str, Any]) -> dict[str, Any]:
+    # Iterative, so a hostile nesting cannot exhaust the stack while being checked.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, depth + 1) for child in item)
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_limit_depth)]
+
 
 def _now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def _require_aware(value: Optional[datetime], name: str) -> Optional[datetime]:
+    # A naive datetime is ambiguous across agents in different time zones.
+    if value is not None and value.tzinfo is None:
+        raise ValueError(f"{name} needs a timezone (use UTC)")
+    return value
 
 
 class _Record(BaseModel):
@@ -42,8 +74,7 @@ class _Record(BaseModel):
     @field_validator("occurred_at")
     @classmethod
     def _aware(cls, value: datetime) -> datetime:
-        if value.tzinfo is None:
-            raise ValueError("occurred_at needs a timezone (use UTC)")
+        _require_aware(value, "occurred_at")
         return value
 
 
@@ -64,7 +95,7 @@ class ToolResultRecord(_Record):
     span_id: Optional[SpanId] = None
     tool_name: Identifier
     tool_version: str = Field(default="1.0.0", max_length=64)
-    parameters: dict[str, Any] = Field(default_factory=dict)
+    parameters: JsonObject = Field(default_factory=dict)
     model: Optional[Identifier] = None
     result: ToolExecutionResult
     # The same raw data at BRIEF, STANDARD and FULL, so the dashboard can compare.
@@ -84,7 +115,7 @@ class ToolCall(BaseModel):
 
     id: Identifier
     name: Identifier
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: JsonObject = Field(default_factory=dict)
 
 
 class MessageRecord(_Record):
@@ -94,7 +125,7 @@ class MessageRecord(_Record):
     role: Role
     content: str
     name: Optional[str] = Field(default=None, max_length=200)
-    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list, max_length=MAX_TOOL_CALLS)
     tool_call_id: Optional[Identifier] = None
     is_meta: bool = False  # hidden from the user (skill injections)
     tokens: Optional[int] = Field(default=None, ge=0)
@@ -108,7 +139,7 @@ class RoundRecord(_Record):
     model: Optional[Identifier] = None
     user_id: Optional[Identifier] = None
     user_message: str = ""
-    thoughts: list[str] = Field(default_factory=list)
+    thoughts: list[str] = Field(default_factory=list, max_length=MAX_THOUGHTS)
     final_answer: Optional[str] = None
     status: Literal["ok", "error"] = "ok"
     context_tokens: int = Field(default=0, ge=0)  # context size sent to the model this round
@@ -118,6 +149,11 @@ class RoundRecord(_Record):
     output_tokens: int = Field(default=0, ge=0)
     started_at: Optional[datetime] = None
     ended_at: Optional[datetime] = None
+
+    @field_validator("started_at", "ended_at")
+    @classmethod
+    def _aware_times(cls, value: Optional[datetime], info: Any) -> Optional[datetime]:
+        return _require_aware(value, info.field_name)
 
 
 class CompressionRecord(_Record):
@@ -137,9 +173,10 @@ class SkillActivationRecord(_Record):
     activation_id: Identifier
     load_level: Literal[1, 2, 3]
     depth: int = Field(default=0, ge=0)
-    chain: list[Identifier] = Field(default_factory=list)
+    chain: list[Identifier] = Field(default_factory=list, max_length=MAX_CHAIN)
     tokens_loaded: int = Field(default=0, ge=0)
-    resources: list[str] = Field(default_factory=list)  # resource names relative to the skill
+    # resource names relative to the skill
+    resources: list[str] = Field(default_factory=list, max_length=MAX_RESOURCES)
     success: bool = True
     error: Optional[str] = None
     duration_ms: float = Field(default=0.0, ge=0)
@@ -159,11 +196,49 @@ RECORD_TYPES: dict[str, type[_Record]] = {
 _record_adapter: TypeAdapter[Any] = TypeAdapter(Record)
 
 # schema_version -> function that lifts a record dict of that version by one version.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+MIGRATIONS: dict[int, Migration] = {}
 
 
 class RecordSchemaError(ValueError):
     """A record that cannot be read: wrong shape, unknown type or unsupported version."""
+
+
+def register_migration(from_version: int) -> Callable[[Migration], Migration]:
+    """Register the function that lifts a record dict from ``from_version`` to the next.
+
+    When SCHEMA_VERSION moves to 2, the reader keeps accepting version 1 by
+    registering ``@register_migration(1)``; a version with no registered step is
+    refused with a message that says which version to send.
+    """
+
+    def register(migrate: Migration) -> Migration:
+        if from_version >= SCHEMA_VERSION:
+            raise ValueError(f"a migration must start below SCHEMA_VERSION ({SCHEMA_VERSION})")
+        MIGRATIONS[from_version] = migrate
+        return migrate
+
+    return register
+
+
+def _migrate(data: dict[str, Any], version: int) -> dict[str, Any]:
+    while version < SCHEMA_VERSION:
+        migrate = MIGRATIONS.get(version)
+        if migrate is None:
+            raise RecordSchemaError(
+                f"schema_version {version} is no longer supported; send version {SCHEMA_VERSION}"
+            )
+        try:
+            lifted = migrate(dict(data))
+        except Exception as exc:  # a migration step is code we run on client data
+            raise RecordSchemaError(
+                f"schema_version {version} record could not be migrated: {str(exc)[:200]}"
+            ) from None
+        if not isinstance(lifted, dict):
+            raise RecordSchemaError(f"migration from schema_version {version} did not return an object")
+        version += 1
+        data = {**lifted, "schema_version": version}
+    return data
 
 
 def parse_record(data: Any) -> Record:
@@ -177,14 +252,7 @@ def parse_record(data: Any) -> Record:
         raise RecordSchemaError(
             f"schema_version {version} is newer than this reader supports ({SCHEMA_VERSION})"
         )
-    while version < SCHEMA_VERSION:
-        migrate = MIGRATIONS.get(version)
-        if migrate is None:
-            raise RecordSchemaError(
-                f"schema_version {version} is no longer supported; send version {SCHEMA_VERSION}"
-            )
-        data = {**migrate(dict(data)), "schema_version": version + 1}
-        version += 1
+    data = _migrate(data, version)
     if data.get("type") not in RECORD_TYPES:
         raise RecordSchemaError(
             f"unknown record type {str(data.get('type'))[:40]!r}; expected one of {sorted(RECORD_TYPES)}"
@@ -195,3 +263,22 @@ def parse_record(data: Any) -> Record:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"][1:]) or "record"
         raise RecordSchemaError(f"{where}: {first['msg']}") from None
+
+
+class RejectedRecord(BaseModel):
+    """One record of a batch the dashboard refused, by its position in the batch."""
+
+    index: int = Field(ge=0)
+    error: str = Field(max_length=2_000)
+
+
+class IngestResponse(BaseModel):
+    """The dashboard's answer to ``POST /api/v1/records``.
+
+    Shared so the exporter reads exactly what the ingest endpoint writes. Extra keys
+    are ignored: a newer dashboard may say more than this reader knows.
+    """
+
+    accepted: int = Field(default=0, ge=0)
+    duplicates: int = Field(default=0, ge=0)  # record_ids already stored (a retried batch)
+    rejected: list[RejectedRecord] = Field(default_factory=list)
