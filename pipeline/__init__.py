@@ -13,6 +13,18 @@ from ._compression_types import (
     MessageChange,
     MessagePriority,
 )
+from ._exceptions import (
+    ArtifactError,
+    ArtifactNotFound,
+    CircularDependencyError,
+    ConfigError,
+    InvalidArtifactId,
+    LockTimeoutError,
+    PipelineError,
+    RecordExportError,
+    SkillError,
+    ToolTimeoutError,
+)
 from ._levels import OutputLevel
 from ._models import ToolCachePolicy, ToolExecutionResult, ToolInvocationRequest
 from ._records import (
@@ -31,6 +43,16 @@ from ._records import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ArtifactError",
+    "ArtifactNotFound",
+    "CircularDependencyError",
+    "ConfigError",
+    "InvalidArtifactId",
+    "LockTimeoutError",
+    "PipelineError",
+    "RecordExportError",
+    "SkillError",
+    "ToolTimeoutError",
     "CompressionMode",
     "CompressionRecord",
     "CompressionResult",
@@ -55,5 +77,152 @@ __all__ = [
 
 # Each block below is owned by one part of the library; keep additions inside it.
 # --- tools (levels, carriers, errors, retry, timeout, caches, artifacts, tokens, executor) ---
+from ._levels import format_observation, resolve_output_level, summarize_data, to_json
+from ._carriers import ContentBlock, ContentBlockType, MessageType, StandardMessage
+from ._errors import ToolError, ToolErrorResponse, ToolErrorType, classify_exception
+from ._retry import ToolRetryPolicy
+from ._timeout import ToolTimeoutHandler, WorkerLimitReached, get_timeout_handler
+from ._executor import ToolExecutor, ToolSpec, pipeline_tool, render_levels
+
+__all__ += [
+    "ContentBlock",
+    "ContentBlockType",
+    "MessageType",
+    "StandardMessage",
+    "ToolError",
+    "ToolErrorResponse",
+    "ToolErrorType",
+    "ToolExecutor",
+    "ToolRetryPolicy",
+    "ToolSpec",
+    "ToolTimeoutHandler",
+    "WorkerLimitReached",
+    "classify_exception",
+    "format_observation",
+    "get_timeout_handler",
+    "pipeline_tool",
+    "render_levels",
+    "resolve_output_level",
+    "summarize_data",
+    "to_json",
+]
+from ._artifacts import (
+    ARTIFACT_ID_RE,
+    THRESHOLD_BYTES,
+    ArtifactInfo,
+    ArtifactStore,
+    validate_artifact_id,
+)
+from ._cache import CacheStats, IdempotencyCache, SummaryCache, TTLCache
+from ._tokens import (
+    DynamicTokenCounter,
+    EncoderConfig,
+    ModelEncoderRegistry,
+    ModelFamily,
+    TokenEncoder,
+    count_conversation_tokens,
+    count_message_tokens,
+    count_tokens,
+    get_token_counter,
+)
+
+__all__ += [
+    "ARTIFACT_ID_RE",
+    "THRESHOLD_BYTES",
+    "ArtifactInfo",
+    "ArtifactStore",
+    "CacheStats",
+    "DynamicTokenCounter",
+    "EncoderConfig",
+    "IdempotencyCache",
+    "ModelEncoderRegistry",
+    "ModelFamily",
+    "SummaryCache",
+    "TTLCache",
+    "TokenEncoder",
+    "count_conversation_tokens",
+    "count_message_tokens",
+    "count_tokens",
+    "get_token_counter",
+    "validate_artifact_id",
+]
 # --- context (compression), skills, metrics ---
+from ._compression import AdvancedContextManager, BasicContextManager, ContextCompressionConfig
+from ._summarizers import ExtractiveSummarizer, LLMSummarizer, Summarizer
+
+__all__ += [
+    "AdvancedContextManager",
+    "BasicContextManager",
+    "ContextCompressionConfig",
+    "ExtractiveSummarizer",
+    "LLMSummarizer",
+    "Summarizer",
+]
+from ._skills import (
+    ContextModifier,
+    SkillActivationRequest,
+    SkillActivationResult,
+    SkillActivationStack,
+    SkillActivator,
+    SkillInstructions,
+    SkillLoader,
+    SkillMessage,
+    SkillMetadata,
+    SkillResource,
+    validate_skill_name,
+)
+
+__all__ += [
+    "ContextModifier",
+    "SkillActivationRequest",
+    "SkillActivationResult",
+    "SkillActivationStack",
+    "SkillActivator",
+    "SkillInstructions",
+    "SkillLoader",
+    "SkillMessage",
+    "SkillMetadata",
+    "SkillResource",
+    "validate_skill_name",
+]
+from ._injection import LockManager, MessageInjectionProtocol
+
+__all__ += ["LockManager", "MessageInjectionProtocol"]
+from ._metrics import ConversationMetrics, MetricsCollector, ToolMetrics
+
+__all__ += ["ConversationMetrics", "MetricsCollector", "ToolMetrics"]
 # --- telemetry, record export, remote config ---
+from ._exporter import ExporterStats, RecordExporter, Transport, UrllibTransport, records_for_result
+from ._observability import (
+    ObservabilityConfig,
+    SpanHandle,
+    Telemetry,
+    ToolResultHook,
+    configure_telemetry,
+    hook_executor,
+    parse_otlp_headers,
+)
+from ._records import IngestResponse, RejectedRecord, register_migration
+from ._remote_config import ConfigPayload, EffectiveConfig, RemoteConfig, RemoteConfigStats
+
+__all__ += [
+    "ConfigPayload",
+    "EffectiveConfig",
+    "ExporterStats",
+    "IngestResponse",
+    "ObservabilityConfig",
+    "RecordExporter",
+    "RejectedRecord",
+    "RemoteConfig",
+    "RemoteConfigStats",
+    "SpanHandle",
+    "Telemetry",
+    "ToolResultHook",
+    "Transport",
+    "UrllibTransport",
+    "configure_telemetry",
+    "hook_executor",
+    "parse_otlp_headers",
+    "records_for_result",
+    "register_migration",
+]
