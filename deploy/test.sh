@@ -53,6 +53,7 @@ redis_pid=$!
 
 export OBSERVATORY_TEST_REDIS_URL="redis://127.0.0.1:$redis_port/0"
 export OBSERVATORY_BROWSER_TESTS=1
+export OBSERVATORY_DEMO_TESTS=1  # tests/dashboard/test_demo_command.py runs deploy/demo.sh (SQLite pass)
 export PYTHONDONTWRITEBYTECODE=1
 
 echo "== whole suite on SQLite =="
