@@ -1,0 +1,117 @@
+"""The one NinjaAPI: a router per app under /api/v1, docs at /api/docs.
+
+Every exception that can leave a view is mapped to a response here, in one place,
+so a client's junk is always a short JSON ``{"error": ...}`` with the right 4xx,
+and a busy database a 503 with Retry-After, never a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import OperationalError
+from django.http import Http404, HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from dashboard.ingest.common import BUSY_RETRY_AFTER, IngestError, error_response
+from dashboard.observatory.services import ArtifactConflict, ArtifactHashMismatch, ArtifactTooLarge
+from pipeline import ArtifactNotFound, InvalidArtifactId, PipelineError
+
+
+class ObservatoryAPI(NinjaAPI):
+    """NinjaAPI that also publishes schemas it did not generate itself (the
+    pipeline's record models, which the records endpoint validates item by item)."""
+
+    extra_schemas: dict[str, Any] = {}
+
+    def get_openapi_schema(self, *args: Any, **kwargs: Any) -> Any:
+        schema = super().get_openapi_schema(*args, **kwargs)
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(self.extra_schemas)
+        return schema
+
+
+api = ObservatoryAPI(
+    title="Pipeline Observatory",
+    version="1",
+    description="Ingest for agents (records, artifacts, config) and the dashboard's read API.",
+    docs_url="/docs",
+    urls_namespace="api",
+)
+
+
+def _error(status: int, message: str, retry_after: int | None = None) -> HttpResponse:
+    return error_response(IngestError(status, message, retry_after=retry_after))
+
+
+@api.exception_handler(IngestError)
+def _on_ingest_error(request: HttpRequest, exc: IngestError) -> HttpResponse:
+    return error_response(exc)
+
+
+@api.exception_handler(ValidationError)
+def _on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    first = exc.errors[0] if exc.errors else {}
+    where = ".".join(str(part) for part in first.get("loc", ())[1:]) or "request"
+    return _error(400, f"{where}: {first.get('msg', 'invalid')}"[:300])
+
+
+@api.exception_handler(AuthenticationError)
+def _on_authentication_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    return _error(401, "authentication required")
+
+
+@api.exception_handler(Http404)
+def _on_not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
+    return _error(404, "not found")
+
+
+@api.exception_handler(ArtifactNotFound)
+def _on_artifact_not_found(request: HttpRequest, exc: ArtifactNotFound) -> HttpResponse:
+    return _error(404, "artifact not found")
+
+
+@api.exception_handler(InvalidArtifactId)
+def _on_invalid_artifact_id(request: HttpRequest, exc: InvalidArtifactId) -> HttpResponse:
+    return _error(400, "invalid artifact id")
+
+
+@api.exception_handler(PipelineError)
+def _on_pipeline_error(request: HttpRequest, exc: PipelineError) -> HttpResponse:
+    return _error(400, str(exc)[:300])
+
+
+@api.exception_handler(ArtifactConflict)
+def _on_artifact_conflict(request: HttpRequest, exc: ArtifactConflict) -> HttpResponse:
+    return _error(409, "artifact id already stored with other content")
+
+
+@api.exception_handler(ArtifactHashMismatch)
+def _on_hash_mismatch(request: HttpRequest, exc: ArtifactHashMismatch) -> HttpResponse:
+    return _error(400, "body does not match X-Content-SHA256")
+
+
+@api.exception_handler(ArtifactTooLarge)
+def _on_artifact_too_large(request: HttpRequest, exc: ArtifactTooLarge) -> HttpResponse:
+    return _error(413, "artifact too large")
+
+
+@api.exception_handler(OperationalError)
+def _on_database_busy(request: HttpRequest, exc: OperationalError) -> HttpResponse:
+    return _error(503, "database busy, retry later", retry_after=BUSY_RETRY_AFTER)
+
+
+@api.exception_handler(HttpError)
+def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    return _error(exc.status_code, str(exc)[:300])
+
+
+def _mount() -> None:
+    from dashboard.ingest.api import router as ingest_router
+    from dashboard.observatory.api import router as read_router
+
+    api.add_router("/v1/", ingest_router)
+    api.add_router("/v1/", read_router)
+
+
+_mount()

@@ -1,0 +1,237 @@
+"""Agent-facing endpoints under /api/v1 (API key auth):
+
+- ``POST /records``: a JSON batch of pipeline records, validated one by one with
+  ``pipeline.parse_record``, stored whole in one transaction, derived after commit;
+- ``PUT /artifacts/{artifact_id}``: artifact bytes, hash-checked, streamed to storage;
+- ``GET /config``: the project's effective config with a strong ETag.
+
+Views are thin: bound, parse, call a service, answer. Errors are raised and mapped
+to responses in ``dashboard.api``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.urls import register_converter
+from django.urls.converters import get_converters
+from ninja import Router, Schema, Status
+from ninja.security.http import HttpAuthBase
+from pydantic import TypeAdapter
+
+from dashboard.observatory.services import artifact_store, derivations_enqueue, records_store
+from dashboard.tuning.services import config_body_and_etag, effective_config
+from pipeline import IngestResponse, Record, RecordSchemaError, parse_record
+
+from .common import GunzipReader, IngestError, authenticate, ingest_gate, load_json, read_body
+
+RECORDS_JSON_DEPTH = 32
+SHA256_PATTERN = re.compile(r"^[0-9a-fA-F]{64}$")
+CONTENT_TYPE_PATTERN = re.compile(r"^[A-Za-z0-9!#$&^_.+-]{1,64}/[A-Za-z0-9!#$&^_.+-]{1,64}(\s*;[ -~]{0,120})?$")
+ERROR_LENGTH = 300
+
+
+class ArtifactIdConverter:
+    """``artifact_`` + 16 to 64 lowercase hex: anything else (``../``, a path, NUL)
+    never reaches the view; the URL simply does not match (404)."""
+
+    regex = "artifact_[0-9a-f]{16,64}"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+if "artifact_id" not in get_converters():  # the pages register the same converter
+    register_converter(ArtifactIdConverter, "artifact_id")
+
+
+class ApiKeyAuth(HttpAuthBase):
+    """``Authorization: Bearer po_…``: the key's project becomes ``request.auth``."""
+
+    openapi_scheme = "bearer"
+
+    def __call__(self, request: HttpRequest) -> Any:
+        return authenticate(request)
+
+
+api_key = ApiKeyAuth()
+router = Router(tags=["ingest"], auth=api_key)
+
+
+class ErrorOut(Schema):
+    error: str
+
+
+class ArtifactOut(Schema):
+    artifact_id: str
+    sha256: str
+    size: int
+    content_type: str
+
+
+# --- records ------------------------------------------------------------------------
+
+def _records_body_schema() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The request body schema (the pipeline's Record union) and its definitions,
+    which ``dashboard.api`` publishes under components/schemas."""
+    schema = TypeAdapter(Record).json_schema(ref_template="#/components/schemas/{model}")
+    definitions = schema.pop("$defs", {})
+    body = {
+        "type": "object",
+        "required": ["records"],
+        "properties": {
+            "records": {
+                "type": "array",
+                "maxItems": settings.OBSERVATORY_MAX_RECORDS_PER_BATCH,
+                "items": schema,
+            }
+        },
+    }
+    return body, definitions
+
+
+_BODY_SCHEMA, _DEFINITIONS = _records_body_schema()
+
+
+def _publish_definitions() -> None:
+    from dashboard.api import api
+
+    api.extra_schemas.update(_DEFINITIONS)
+
+
+@router.post(
+    "/records",
+    response={200: IngestResponse, 400: ErrorOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut,
+              429: ErrorOut, 503: ErrorOut},
+    summary="Send a batch of records",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _BODY_SCHEMA}},
+            "description": "Optionally `Content-Encoding: gzip`. Each record is validated on its own; "
+            "invalid ones are listed in `rejected`, the valid ones stored in one transaction.",
+        }
+    },
+)
+def post_records(request: HttpRequest) -> dict[str, Any]:
+    project = request.auth  # type: ignore[attr-defined]
+    with ingest_gate():
+        body = read_body(
+            request,
+            max_bytes=settings.OBSERVATORY_MAX_BODY_BYTES,
+            max_decoded_bytes=settings.OBSERVATORY_MAX_DECODED_BYTES,
+        )
+        items = _record_items(load_json(body, max_depth=RECORDS_JSON_DEPTH))
+        valid, rejected = [], []
+        for index, item in enumerate(items):
+            try:
+                valid.append(parse_record(item))
+            except (RecordSchemaError, ValueError, TypeError) as exc:
+                rejected.append({"index": index, "error": str(exc)[:ERROR_LENGTH]})
+        with transaction.atomic():
+            outcome = records_store(project=project, records=valid)
+            derivations_enqueue(
+                project_id=project.pk, conversation_ids=outcome.conversation_ids, hours=outcome.tool_hours
+            )
+    return {"accepted": outcome.accepted, "duplicates": outcome.duplicates, "rejected": rejected}
+
+
+def _record_items(data: Any) -> list[Any]:
+    if not isinstance(data, dict):
+        raise IngestError(400, "body must be a JSON object")
+    items = data.get("records")
+    if not isinstance(items, list):
+        raise IngestError(400, 'body needs a "records" list')
+    limit = settings.OBSERVATORY_MAX_RECORDS_PER_BATCH
+    if len(items) > limit:
+        raise IngestError(413, f"too many records in one batch (at most {limit})")
+    return items
+
+
+# --- artifacts ----------------------------------------------------------------------
+
+@router.put(
+    "/artifacts/{artifact_id:artifact_id}",
+    response={200: ArtifactOut, 201: ArtifactOut, 400: ErrorOut, 401: ErrorOut, 409: ErrorOut,
+              411: ErrorOut, 413: ErrorOut, 415: ErrorOut, 429: ErrorOut, 503: ErrorOut},
+    summary="Upload an artifact's bytes",
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+        "parameters": [
+            {"name": "X-Content-SHA256", "in": "header", "required": True,
+             "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+        ],
+    },
+)
+def put_artifact(request: HttpRequest, artifact_id: str) -> Status:
+    project = request.auth  # type: ignore[attr-defined]
+    sha256 = request.headers.get("X-Content-SHA256", "").strip()
+    if not SHA256_PATTERN.match(sha256):
+        raise IngestError(400, "X-Content-SHA256 must be the body's sha256 as 64 hex characters")
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity", "gzip", "x-gzip"):
+        raise IngestError(415, "unsupported Content-Encoding (use gzip or identity)")
+    declared = request.headers.get("Content-Length")
+    if not declared:
+        raise IngestError(411, "Content-Length required")
+    try:
+        length = int(declared)
+    except ValueError:
+        raise IngestError(400, "invalid Content-Length") from None
+    max_bytes = settings.OBSERVATORY_MAX_ARTIFACT_BYTES
+    if length < 0 or length > max_bytes:
+        raise IngestError(413 if length > 0 else 400, f"artifact larger than {max_bytes} bytes")
+    content_type = request.headers.get("Content-Type", "").strip() or "application/octet-stream"
+    if not CONTENT_TYPE_PATTERN.match(content_type):
+        raise IngestError(400, "invalid Content-Type")
+    # The hash and the size limit apply to the artifact itself, after any gzip.
+    stream = GunzipReader(request) if encoding in ("gzip", "x-gzip") else request
+    with ingest_gate():
+        outcome = artifact_store(
+            project=project, artifact_id=artifact_id, stream=stream, sha256=sha256,
+            content_type=content_type, max_bytes=max_bytes,
+        )
+    artifact = outcome.artifact
+    return Status(201 if outcome.created else 200, {
+        "artifact_id": artifact.artifact_id, "sha256": artifact.sha256,
+        "size": artifact.size, "content_type": artifact.content_type,
+    })
+
+
+# --- config -------------------------------------------------------------------------
+
+@router.get(
+    "/config",
+    response={200: dict, 304: None, 401: ErrorOut},
+    summary="The effective config for the key's project (pipeline ConfigPayload)",
+)
+def get_config(request: HttpRequest) -> HttpResponse:
+    payload = effective_config(project=request.auth)  # type: ignore[attr-defined]
+    body, etag = config_body_and_etag(payload)
+    if _etag_matches(request.headers.get("If-None-Match", ""), etag):
+        response = HttpResponse(status=304)
+    else:
+        response = HttpResponse(body, content_type="application/json")
+    response["ETag"] = etag
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+def _etag_matches(header: str, etag: str) -> bool:
+    """If-None-Match uses the weak comparison (RFC 9110 13.1.2)."""
+    if not header:
+        return False
+    if header.strip() == "*":
+        return True
+    tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
+    return etag in tags
+
+
+_publish_definitions()

@@ -1,0 +1,275 @@
+"""What every ingest endpoint does the same way: authenticate the key, read a bounded
+(possibly gzipped) body, parse JSON safely, bound concurrency, and answer errors
+short.
+
+Every refusal is an IngestError carrying its HTTP status; views turn it into a
+response with ``error_response`` (or let the ninja exception handler do it), so a
+client's junk always gets a short 4xx and never a 500.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import threading
+import zlib
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Iterator
+
+from django.conf import settings
+from django.db import OperationalError
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+
+from dashboard.accounts.keys import hash_key, key_prefix
+from dashboard.accounts.models import ApiKey, Project
+
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+DEFAULT_JSON_DEPTH = 32
+BUSY_RETRY_AFTER = 2  # seconds a client waits after a 503 "database busy"
+
+
+class IngestError(Exception):
+    """A refusal with its HTTP status. ``message`` is short and safe to show."""
+
+    def __init__(self, status: int, message: str, *, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+
+
+# --- keys -------------------------------------------------------------------------
+
+def authenticate(request: HttpRequest) -> Project:
+    """The project of the Bearer key in the Authorization header.
+
+    Looked up by the key's public prefix, then compared by hash in constant time.
+    ``last_used_at`` is written at most once a minute so a busy key does not turn
+    every ingest request into an extra write. The key row is left on
+    ``request.api_key`` for views that need it.
+    """
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise IngestError(401, "missing API key")
+    token = token.strip()
+    prefix = key_prefix(token)
+    if prefix is None:
+        raise IngestError(401, "invalid API key")
+    key = ApiKey.objects.select_related("project").filter(prefix=prefix).first()
+    if key is None or not hmac.compare_digest(key.hash, hash_key(token)):
+        raise IngestError(401, "invalid API key")
+    if key.revoked_at is not None:
+        raise IngestError(401, "revoked API key")
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
+        with database_errors_as_busy():
+            ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+    request.api_key = key  # type: ignore[attr-defined]
+    return key.project
+
+
+# --- bodies -----------------------------------------------------------------------
+
+def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -> bytes:
+    """The request body, decoded from gzip when so encoded, bounded on both sides.
+
+    Content-Length is checked before anything is read; at most max_bytes + 1 bytes
+    are read (a body without a length is cut there too); gzip is inflated with a
+    bounded output so a small bomb cannot expand past max_decoded_bytes.
+    """
+    declared = request.headers.get("Content-Length")
+    if declared:
+        try:
+            length = int(declared)
+        except ValueError:
+            raise IngestError(400, "invalid Content-Length") from None
+        if length < 0:
+            raise IngestError(400, "invalid Content-Length")
+        if length > max_bytes:
+            raise IngestError(413, f"body larger than {max_bytes} bytes")
+    raw = request.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise IngestError(413, f"body larger than {max_bytes} bytes")
+
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        if len(raw) > max_decoded_bytes:
+            raise IngestError(413, f"body larger than {max_decoded_bytes} bytes")
+        return raw
+    if encoding in ("gzip", "x-gzip"):
+        return gunzip_bounded(raw, max_decoded_bytes)
+    raise IngestError(415, "unsupported Content-Encoding (use gzip or identity)")
+
+
+def gunzip_bounded(data: bytes, max_decoded_bytes: int) -> bytes:
+    """Inflate gzip (several members allowed) without ever holding more than
+    max_decoded_bytes + 1 of output."""
+    out = bytearray()
+    remaining = data
+    try:
+        while True:
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            budget = max_decoded_bytes + 1 - len(out)
+            out += inflater.decompress(remaining, budget)
+            if len(out) > max_decoded_bytes or inflater.unconsumed_tail:
+                raise IngestError(413, f"decoded body larger than {max_decoded_bytes} bytes")
+            if not inflater.eof:
+                raise IngestError(400, "truncated gzip body")
+            remaining = inflater.unused_data
+            if not remaining.strip(b"\x00"):  # trailing padding is tolerated
+                return bytes(out)
+    except zlib.error:
+        raise IngestError(400, "corrupt gzip body") from None
+
+
+class GunzipReader:
+    """A file-like reader that inflates a gzip stream as it is read, for uploads too
+    big to hold (artifacts). Output is produced at most ``n`` bytes per read, so the
+    caller's size limit bounds memory; corrupt or truncated data raises IngestError
+    400. Several gzip members in a row are read as one stream."""
+
+    def __init__(self, stream: Any, chunk_size: int = 64 * 1024) -> None:
+        self._stream = stream
+        self._chunk_size = chunk_size
+        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._pending = b""
+        self._started = False
+
+    def read(self, n: int = -1) -> bytes:
+        n = n if n and n > 0 else self._chunk_size
+        while True:
+            data, self._pending = self._pending, b""
+            if not data:
+                data = self._stream.read(self._chunk_size)
+                if not data:
+                    if self._started and not self._inflater.eof:
+                        raise IngestError(400, "truncated gzip body")
+                    return b""
+            if self._inflater.eof:  # a new member begins (padding after the last is fine)
+                if not data.strip(b"\x00"):
+                    continue
+                self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            self._started = True
+            try:
+                out = self._inflater.decompress(data, n)
+            except zlib.error:
+                raise IngestError(400, "corrupt gzip body") from None
+            self._pending = self._inflater.unconsumed_tail or self._inflater.unused_data
+            if out:
+                return out
+
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+_SUSPICIOUS_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+
+
+def load_json(body: bytes, *, max_depth: int = DEFAULT_JSON_DEPTH) -> Any:
+    """Parse a JSON body: strict UTF-8, nesting capped at max_depth, and strings
+    that a database cannot hold (NUL, unpaired surrogates) replaced by U+FFFD.
+
+    The depth is measured on the text (strings removed, then matching bracket
+    pairs peeled one level per pass), all in C-speed regex and replace calls.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise IngestError(400, "body is not valid UTF-8") from None
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise IngestError(400, f"JSON nested deeper than {max_depth} levels") from None
+    except ValueError as exc:
+        raise IngestError(400, f"invalid JSON: {str(exc)[:120]}") from None
+    if _too_deep(body, max_depth):
+        raise IngestError(400, f"JSON nested deeper than {max_depth} levels")
+    if _SUSPICIOUS_ESCAPE.search(body):
+        value = _clean_strings(value)
+    return value
+
+
+def _too_deep(body: bytes, max_depth: int) -> bool:
+    brackets = _NOT_BRACKET.sub(b"", _JSON_STRING.sub(b"", body))
+    for _ in range(max_depth):
+        if not brackets:
+            return False
+        brackets = brackets.replace(b"[]", b"").replace(b"{}", b"")
+    return bool(brackets)
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _clean_text(text: str) -> str:
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _clean_strings(value: Any) -> Any:
+    if isinstance(value, str):
+        return _clean_text(value)
+    if isinstance(value, list):
+        return [_clean_strings(item) for item in value]
+    if isinstance(value, dict):
+        return {_clean_text(k): _clean_strings(v) for k, v in value.items()}
+    return value
+
+
+# --- answers ----------------------------------------------------------------------
+
+def error_response(
+    exc: IngestError, *, content_type: str = "application/json", body: bytes | None = None
+) -> HttpResponse:
+    """A short error answer: ``{"error": "..."}`` unless the caller brings an encoded
+    body of its own (OTLP answers a protobuf Status), with Retry-After when set."""
+    if body is None:
+        body = json.dumps({"error": exc.message}).encode()
+        content_type = "application/json"
+    response = HttpResponse(body, status=exc.status, content_type=content_type)
+    if exc.retry_after is not None:
+        response["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+# --- load -------------------------------------------------------------------------
+
+_gate_lock = threading.Lock()
+_gate_in_use = 0
+
+
+@contextmanager
+def ingest_gate() -> Iterator[None]:
+    """Bound concurrent ingest requests in this process; past the bound answer 429
+    with Retry-After so exporters back off instead of piling onto the database.
+    Database lock/operational errors inside become 503 with Retry-After (see
+    ``database_errors_as_busy``)."""
+    global _gate_in_use
+    limit = settings.OBSERVATORY_MAX_CONCURRENT_INGEST
+    with _gate_lock:
+        if _gate_in_use >= limit:
+            raise IngestError(429, "too many concurrent ingest requests", retry_after=1)
+        _gate_in_use += 1
+    try:
+        with database_errors_as_busy():
+            yield
+    finally:
+        with _gate_lock:
+            _gate_in_use -= 1
+
+
+@contextmanager
+def database_errors_as_busy() -> Iterator[None]:
+    """Turn an OperationalError (SQLite "database is locked", a Postgres deadlock,
+    serialization failure or lost connection) into IngestError 503 + Retry-After:
+    the write was rolled back, so the client may simply send the batch again.
+
+    Wrap the transaction with it: ``with database_errors_as_busy(), transaction.atomic(): ...``
+    """
+    try:
+        yield
+    except OperationalError:
+        raise IngestError(503, "database busy, retry later", retry_after=BUSY_RETRY_AFTER) from None

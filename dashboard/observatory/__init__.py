@@ -1,0 +1,1 @@
+"""The stored conversation data: what agents sent and what the tasks derive from it."""

@@ -1,0 +1,496 @@
+"""The derived data, recomputed from the rows: conversation totals and per-round
+context tokens, hourly tool rollups, and the links between spans and records.
+
+Each function recomputes from scratch what it is asked about (never increments),
+so running it twice, or after a retried batch, gives the same result. Each batches:
+a fixed number of grouped queries for any number of conversations or hours.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import datetime, timedelta
+from typing import Any, Iterable
+
+from django.db import connections, router, transaction
+from django.db.models import Model
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q, Sum
+from django.utils import timezone
+
+from .histogram import LATENCY_BUCKET_BOUNDS_MS, bucket_index, empty_histogram
+from .models import (
+    Artifact,
+    CompressionEvent,
+    Conversation,
+    Message,
+    Round,
+    SkillActivation,
+    Span,
+    ToolExecution,
+    ToolHourlyRollup,
+)
+
+TITLE_LENGTH = 120
+LINK_WINDOW = timedelta(days=2)  # how far back unlinked rows are looked at on each run
+SPAN_STATUS_ERROR = 2
+
+
+# --- conversation totals ------------------------------------------------------------
+
+def _grouped(queryset: Any, **aggregates: Any) -> dict[int, dict[str, Any]]:
+    return {
+        row["conversation_id"]: row
+        for row in queryset.values("conversation_id").order_by().annotate(**aggregates)
+    }
+
+
+def _title(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1] + "…"
+
+
+def conversation_totals_refresh(*, conversation_ids: Iterable[int]) -> int:
+    """Recompute totals, title, model, user, status and activity times of the given
+    conversations, and the per-round context tokens; returns how many were updated."""
+    ids = sorted(set(conversation_ids))
+    if not ids:
+        return 0
+    conversations = list(Conversation.objects.filter(pk__in=ids))
+    rounds = _grouped(
+        Round.objects.filter(conversation_id__in=ids),
+        n=Count("id"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
+        max_context=Max("context_tokens"), errors=Count("id", filter=Q(status="error")),
+        first=Min("occurred_at"), last=Max("occurred_at"),
+    )
+    messages = _grouped(
+        Message.objects.filter(conversation_id__in=ids), n=Count("id"),
+        first=Min("occurred_at"), last=Max("occurred_at"),
+    )
+    tools = _grouped(
+        ToolExecution.objects.filter(conversation_id__in=ids),
+        n=Count("id"), errors=Count("id", filter=Q(success=False)), retries=Sum("retry_count"),
+        first=Min("occurred_at"), last=Max("occurred_at"),
+    )
+    compressions = _grouped(
+        CompressionEvent.objects.filter(conversation_id__in=ids), n=Count("id"),
+        first=Min("occurred_at"), last=Max("occurred_at"),
+    )
+    skills = _grouped(
+        SkillActivation.objects.filter(conversation_id__in=ids),
+        errors=Count("id", filter=Q(success=False)), first=Min("occurred_at"), last=Max("occurred_at"),
+    )
+    spans = _grouped(Span.objects.filter(conversation_id__in=ids), first=Min("start_time"), last=Max("end_time"))
+
+    first_user_message = {
+        row["conversation_id"]: row["content"]
+        for row in Message.objects.filter(conversation_id__in=ids, role="user", is_meta=False)
+        .order_by("conversation_id", "-index")
+        .values("conversation_id", "content")
+    }  # ordered newest first, so the dict keeps the lowest index per conversation
+    latest_round: dict[int, dict[str, Any]] = {}
+    first_round_message: dict[int, str] = {}
+    for row in Round.objects.filter(conversation_id__in=ids).order_by("conversation_id", "index", "occurred_at").values(
+        "conversation_id", "model", "user_id", "status", "user_message"
+    ):
+        latest_round[row["conversation_id"]] = row
+        if row["user_message"]:
+            first_round_message.setdefault(row["conversation_id"], row["user_message"])
+    latest_tool_model = {
+        row["conversation_id"]: row["model"]
+        for row in ToolExecution.objects.filter(conversation_id__in=ids).exclude(model="")
+        .order_by("conversation_id", "occurred_at").values("conversation_id", "model")
+    }
+
+    now = timezone.now()
+    for conversation in conversations:
+        pk = conversation.pk
+        r, m, t = rounds.get(pk, {}), messages.get(pk, {}), tools.get(pk, {})
+        c, s = compressions.get(pk, {}), skills.get(pk, {})
+        conversation.rounds = r.get("n", 0)
+        conversation.messages = m.get("n", 0)
+        conversation.tool_calls = t.get("n", 0)
+        conversation.errors = r.get("errors", 0) + t.get("errors", 0) + s.get("errors", 0)
+        conversation.retries = t.get("retries") or 0
+        conversation.input_tokens = r.get("input_tokens") or 0
+        conversation.output_tokens = r.get("output_tokens") or 0
+        conversation.max_context_tokens = r.get("max_context") or 0
+        conversation.compressions = c.get("n", 0)
+        conversation.has_errors = conversation.errors > 0
+        text = first_user_message.get(pk) or first_round_message.get(pk) or ""
+        conversation.title = _title(text) if text else conversation.title
+        last = latest_round.get(pk)
+        conversation.model = (last["model"] if last and last["model"] else latest_tool_model.get(pk, conversation.model))
+        conversation.user_id = last["user_id"] if last and last["user_id"] else conversation.user_id
+        conversation.status = (
+            Conversation.Status.ERROR if last and last["status"] == "error" else Conversation.Status.OK
+        )
+        firsts = [g["first"] for g in (r, m, t, c, s, spans.get(pk, {})) if g.get("first")]
+        lasts = [g["last"] for g in (r, m, t, c, s, spans.get(pk, {})) if g.get("last")]
+        if firsts:
+            conversation.started_at = min(firsts)
+            conversation.last_activity_at = max(lasts)
+        conversation.totals_updated_at = now
+
+    round_updates = _round_context(ids)
+    with transaction.atomic():
+        update_rows(
+            Conversation, conversations,
+            ["rounds", "messages", "tool_calls", "errors", "retries", "input_tokens", "output_tokens",
+             "max_context_tokens", "compressions", "has_errors", "title", "model", "user_id", "status",
+             "started_at", "last_activity_at", "totals_updated_at"],
+        )
+        update_rows(Round, round_updates, ["derived_context_tokens", "tool_call_count", "error_count"])
+    return len(conversations)
+
+
+def update_rows(model: type[Model], objs: list[Model], field_names: list[str]) -> None:
+    """UPDATE … WHERE id = %s for each object, as one executemany: what bulk_update
+    does without building a CASE expression per field and row."""
+    if not objs:
+        return
+    connection = connections[router.db_for_write(model)]
+    fields = [model._meta.get_field(name) for name in field_names]
+    quote = connection.ops.quote_name
+    sql = "UPDATE {} SET {} WHERE {} = %s".format(
+        quote(model._meta.db_table),
+        ", ".join(f"{quote(f.column)} = %s" for f in fields),
+        quote(model._meta.pk.column),
+    )
+    params = [[f.get_db_prep_save(getattr(obj, f.attname), connection) for f in fields] + [obj.pk] for obj in objs]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
+
+
+def _round_context(conversation_ids: list[int]) -> list[Round]:
+    """Per-round context size (reported, else the running sum of message tokens up
+    to the round) and the round's tool calls and errors; only changed rounds."""
+    message_tokens: dict[tuple[int, str], int] = {
+        (row["conversation_id"], row["round_id"]): row["tokens"] or 0
+        for row in Message.objects.filter(conversation_id__in=conversation_ids)
+        .values("conversation_id", "round_id").order_by().annotate(tokens=Sum("tokens"))
+    }
+    tool_counts = {
+        (row["conversation_id"], row["round_id"]): row
+        for row in ToolExecution.objects.filter(conversation_id__in=conversation_ids)
+        .values("conversation_id", "round_id").order_by()
+        .annotate(n=Count("id"), errors=Count("id", filter=Q(success=False)))
+    }
+    changed = []
+    running: dict[int, int] = defaultdict(int)
+    for round_ in Round.objects.filter(conversation_id__in=conversation_ids).order_by(
+        "conversation_id", "index", "occurred_at"
+    ).only("id", "conversation_id", "round_id", "context_tokens", "derived_context_tokens",
+           "tool_call_count", "error_count"):
+        key = (round_.conversation_id, round_.round_id)
+        running[round_.conversation_id] += message_tokens.get(key, 0)
+        derived = round_.context_tokens or running[round_.conversation_id]
+        tools = tool_counts.get(key, {})
+        values = (derived, tools.get("n", 0), tools.get("errors", 0))
+        if values != (round_.derived_context_tokens, round_.tool_call_count, round_.error_count):
+            round_.derived_context_tokens, round_.tool_call_count, round_.error_count = values
+            changed.append(round_)
+    return changed
+
+
+# --- hourly tool rollups --------------------------------------------------------------
+
+def _histogram_aggregates() -> dict[str, Any]:
+    aggregates: dict[str, Any] = {}
+    lower = None
+    for i, upper in enumerate(LATENCY_BUCKET_BOUNDS_MS):
+        condition = Q(duration_ms__lte=upper)
+        if lower is not None:
+            condition &= Q(duration_ms__gt=lower)
+        aggregates[f"b{i}"] = Count("id", filter=condition)
+        lower = upper
+    aggregates[f"b{len(LATENCY_BUCKET_BOUNDS_MS)}"] = Count("id", filter=Q(duration_ms__gt=lower))
+    return aggregates
+
+
+_LEVELS = ("brief", "standard", "full")
+_TIMEOUT = Q(error_type__iexact="timeout") | Q(error_code__iexact="timeout")
+
+
+def _empty_rollup() -> dict[str, Any]:
+    return {
+        "calls": 0, "successes": 0, "errors": 0, "retries": 0, "timeouts": 0, "cache_hits": 0,
+        "duration_sum_ms": 0.0, "latency_histogram": empty_histogram(), "error_types": Counter(),
+        **{f"{level}_{kind}": 0 for level in _LEVELS for kind in ("tokens", "count")},
+    }
+
+
+def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
+    """Recompute whole hours of tool statistics from the rows: tool executions, plus
+    tool spans (gen_ai.tool.name) that no tool execution describes. Rollups of a
+    tool that has no rows left in the hour are deleted. Returns rollups written."""
+    written = 0
+    for hour in sorted(set(hours)):
+        start, end = hour, hour + timedelta(hours=1)
+        stats: dict[str, dict[str, Any]] = defaultdict(_empty_rollup)
+        executions = ToolExecution.objects.filter(project_id=project_id, occurred_at__gte=start, occurred_at__lt=end)
+        level_aggregates = {}
+        for level in _LEVELS:
+            level_aggregates[f"{level}_tokens"] = Sum("observation_tokens", filter=Q(output_level=level))
+            level_aggregates[f"{level}_count"] = Count("id", filter=Q(output_level=level))
+        for row in executions.values("tool_name").order_by().annotate(
+            calls=Count("id"), successes=Count("id", filter=Q(success=True)),
+            errors=Count("id", filter=Q(success=False)), retries=Sum("retry_count"),
+            timeouts=Count("id", filter=Q(success=False) & _TIMEOUT),
+            cache_hits=Count("id", filter=Q(cache_hit=True)), duration_sum_ms=Sum("duration_ms"),
+            **level_aggregates, **_histogram_aggregates(),
+        ):
+            entry = stats[row["tool_name"]]
+            for name in ("calls", "successes", "errors", "retries", "timeouts", "cache_hits", "duration_sum_ms",
+                         *level_aggregates):
+                entry[name] = row[name] or 0
+            entry["latency_histogram"] = [row[f"b{i}"] for i in range(len(LATENCY_BUCKET_BOUNDS_MS) + 1)]
+        for row in executions.filter(success=False).values("tool_name", "error_type").order_by().annotate(n=Count("id")):
+            stats[row["tool_name"]]["error_types"][row["error_type"] or "unknown"] += row["n"]
+
+        described = ToolExecution.objects.filter(project_id=project_id, tool_call_id=OuterRef("tool_call_id"))
+        span_only = (
+            Span.objects.filter(project_id=project_id, start_time__gte=start, start_time__lt=end)
+            .exclude(tool_name="")
+            .annotate(described=Exists(described))
+            .filter(Q(described=False) | Q(tool_call_id=""))
+        )
+        for span in span_only.values_list("tool_name", "duration_ms", "status_code", "attributes"):
+            _add_span(stats[span[0]], *span[1:])
+
+        with transaction.atomic():
+            ToolHourlyRollup.objects.filter(project_id=project_id, hour=start).exclude(
+                tool_name__in=list(stats)
+            ).delete()
+            now = timezone.now()
+            rows = [
+                ToolHourlyRollup(
+                    project_id=project_id, tool_name=tool_name, hour=start, updated_at=now,
+                    **{**entry, "error_types": dict(entry["error_types"])},
+                )
+                for tool_name, entry in stats.items()
+            ]
+            ToolHourlyRollup.objects.bulk_create(
+                rows, update_conflicts=True, unique_fields=["project", "tool_name", "hour"],
+                update_fields=[f for f in _empty_rollup()] + ["updated_at"],
+            )
+        written += len(rows)
+    return written
+
+
+def _add_span(entry: dict[str, Any], duration_ms: float, status_code: int, attributes: Any) -> None:
+    attributes = attributes if isinstance(attributes, dict) else {}
+    failed = status_code == SPAN_STATUS_ERROR
+    entry["calls"] += 1
+    entry["successes" if not failed else "errors"] += 1
+    retries = attributes.get("ba.retry_count")
+    entry["retries"] += retries if isinstance(retries, int) and retries >= 0 else 0
+    entry["cache_hits"] += 1 if attributes.get("ba.cache_hit") is True else 0
+    entry["duration_sum_ms"] += duration_ms or 0.0
+    entry["latency_histogram"][bucket_index(duration_ms or 0.0)] += 1
+    if failed:
+        error_type = str(attributes.get("error.type") or "unknown")[:200]
+        entry["error_types"][error_type] += 1
+        entry["timeouts"] += 1 if error_type.lower() == "timeout" else 0
+    level = attributes.get("ba.output_level")
+    tokens = attributes.get("ba.observation_tokens")
+    if level in _LEVELS:
+        entry[f"{level}_count"] += 1
+        entry[f"{level}_tokens"] += tokens if isinstance(tokens, int) and tokens >= 0 else 0
+
+
+def hours_with_rows(*, project_id: int, since: datetime) -> set[datetime]:
+    """The hours since ``since`` that have tool executions or tool spans."""
+    from .services import hour_of
+
+    hours = {
+        hour_of(moment)
+        for moment in ToolExecution.objects.filter(project_id=project_id, occurred_at__gte=since)
+        .values_list("occurred_at", flat=True)
+    }
+    hours |= {
+        hour_of(moment)
+        for moment in Span.objects.filter(project_id=project_id, start_time__gte=since)
+        .exclude(tool_name="").values_list("start_time", flat=True)
+    }
+    # Hours whose rows are gone still need their stale rollups removed.
+    hours |= set(ToolHourlyRollup.objects.filter(project_id=project_id, hour__gte=hour_of(since))
+                 .values_list("hour", flat=True))
+    return hours
+
+
+# --- links between spans and records ---------------------------------------------------
+
+def links_refresh(
+    *,
+    project_id: int,
+    conversation_ids: Iterable[int] | None = None,
+    artifact_ids: Iterable[str] | None = None,
+    since: datetime | None = None,
+) -> dict[str, Any]:
+    """Link what arrived recently and is still unlinked:
+
+    - a tool execution to its span (by trace_id + span_id, else by tool_call_id),
+      filling its trace/span ids when the record had none;
+    - a span to its conversation: by gen_ai.conversation.id / session.id (creating
+      the conversation when no record named it yet), else by the tool execution
+      with its tool_call_id, else by another span of the same trace, else by a
+      round record of the trace;
+    - an artifact to the tool execution that names it, and its conversation.
+
+    Scope: with ``conversation_ids`` (after a records batch) only the rows of those
+    conversations and the spans that share their tool calls or traces; with
+    ``artifact_ids`` (after an upload) only those artifacts; with neither (the
+    hourly beat) everything received since ``since``. So the work after a batch
+    is proportional to the batch, not to the database.
+
+    Only links are added, never changed, so running it again changes nothing.
+    Returns counts and the ids of conversations that gained spans (their totals
+    and activity times need a refresh).
+    """
+    since = since or timezone.now() - LINK_WINDOW
+    counts: dict[str, Any] = {"tool_executions": 0, "spans": 0, "artifacts": 0, "conversations_created": 0}
+    counts["conversation_ids"] = []
+    scoped = conversation_ids is not None or artifact_ids is not None
+    conversation_list = sorted(set(conversation_ids or ()))
+
+    executions_in_scope = ToolExecution.objects.filter(project_id=project_id, received_at__gte=since)
+    if scoped:
+        executions_in_scope = executions_in_scope.filter(conversation_id__in=conversation_list)
+
+    # One read of the executions in scope serves every step below.
+    in_scope = list(executions_in_scope.values_list(
+        "id", "tool_call_id", "trace_id", "span_id", "linked_span_id", "artifact_id"
+    ))
+    project_has_spans = Span.objects.filter(project_id=project_id).exists()
+
+    # Tool executions -> spans.
+    executions = [row for row in in_scope if row[4] is None]
+    if executions and project_has_spans:
+        by_call: dict[str, tuple[int, str, str]] = {}
+        by_ids: dict[tuple[str, str], int] = {}
+        for span in Span.objects.filter(project_id=project_id).filter(
+            Q(tool_call_id__in={row[1] for row in executions})
+            | Q(trace_id__in={row[2] for row in executions if row[2]})
+        ).values_list("id", "trace_id", "span_id", "tool_call_id"):
+            by_ids[(span[1], span[2])] = span[0]
+            if span[3]:
+                by_call[span[3]] = (span[0], span[1], span[2])
+        changed = []
+        for pk, tool_call_id, trace_id, span_id, _, _ in executions:
+            span_pk = by_ids.get((trace_id, span_id))
+            if span_pk is None and tool_call_id in by_call:
+                span_pk, found_trace, found_span = by_call[tool_call_id]
+                trace_id, span_id = trace_id or found_trace, span_id or found_span
+            if span_pk is not None:
+                changed.append(ToolExecution(pk=pk, linked_span_id=span_pk, trace_id=trace_id, span_id=span_id))
+        update_rows(ToolExecution, changed, ["linked_span", "trace_id", "span_id"])
+        counts["tool_executions"] = len(changed)
+
+    # Spans -> conversations.
+    unlinked_spans = Span.objects.filter(project_id=project_id, conversation__isnull=True)
+    if not project_has_spans:
+        unlinked_spans = unlinked_spans.none()
+    elif scoped:
+        calls = {row[1] for row in in_scope}
+        traces = {row[2] for row in in_scope if row[2]}
+        traces |= set(Round.objects.filter(project_id=project_id, conversation_id__in=conversation_list)
+                      .exclude(trace_id="").values_list("trace_id", flat=True))
+        unlinked_spans = unlinked_spans.filter(Q(tool_call_id__in=calls) | Q(trace_id__in=traces)) if (
+            calls or traces) else unlinked_spans.none()
+    else:
+        unlinked_spans = unlinked_spans.filter(received_at__gte=since)
+    spans = list(
+        unlinked_spans.only("id", "trace_id", "conversation_key", "tool_call_id", "attributes", "start_time", "end_time")
+    )
+    if spans:
+        for span in spans:
+            if not span.conversation_key:
+                span.conversation_key = _conversation_key(span.attributes)
+        keys = {span.conversation_key for span in spans if span.conversation_key}
+        conversation_by_key = dict(
+            Conversation.objects.filter(project_id=project_id, external_id__in=keys).values_list("external_id", "pk")
+        )
+        missing = keys - set(conversation_by_key)
+        if missing:
+            from dashboard.accounts.models import Project
+
+            from .services import conversations_get_or_create
+
+            first_seen: dict[str, tuple[datetime, datetime]] = {}
+            for span in spans:
+                if span.conversation_key in missing:
+                    seen = first_seen.get(span.conversation_key, (span.start_time, span.end_time))
+                    first_seen[span.conversation_key] = (min(seen[0], span.start_time), max(seen[1], span.end_time))
+            project = Project.objects.get(pk=project_id)
+            conversation_by_key.update(conversations_get_or_create(project=project, first_seen=first_seen))
+            counts["conversations_created"] = len(missing)
+        conversation_by_call = dict(
+            ToolExecution.objects.filter(
+                project_id=project_id, tool_call_id__in={s.tool_call_id for s in spans if s.tool_call_id}
+            ).values_list("tool_call_id", "conversation_id")
+        )
+        traces = {span.trace_id for span in spans}
+        conversation_by_trace = dict(
+            Span.objects.filter(project_id=project_id, trace_id__in=traces, conversation__isnull=False)
+            .values_list("trace_id", "conversation_id")
+        )
+        for trace_id, conversation_id in Round.objects.filter(
+            project_id=project_id, trace_id__in=traces
+        ).values_list("trace_id", "conversation_id"):
+            conversation_by_trace.setdefault(trace_id, conversation_id)
+        for span in spans:
+            conversation_id = (
+                conversation_by_key.get(span.conversation_key)
+                or conversation_by_call.get(span.tool_call_id)
+            )
+            if conversation_id is not None:
+                conversation_by_trace.setdefault(span.trace_id, conversation_id)
+        changed = []
+        for span in spans:
+            conversation_id = (
+                conversation_by_key.get(span.conversation_key)
+                or conversation_by_call.get(span.tool_call_id)
+                or conversation_by_trace.get(span.trace_id)
+            )
+            if conversation_id is not None:
+                span.conversation_id = conversation_id
+                changed.append(span)
+        update_rows(Span, changed, ["conversation", "conversation_key"])
+        counts["spans"] = len(changed)
+        counts["conversation_ids"] = sorted({span.conversation_id for span in changed})
+
+    # Artifacts -> tool executions.
+    unlinked_artifacts = Artifact.objects.filter(project_id=project_id, tool_execution__isnull=True)
+    if artifact_ids is not None:
+        unlinked_artifacts = unlinked_artifacts.filter(artifact_id__in=set(artifact_ids))
+    elif scoped:
+        named = {row[5] for row in in_scope if row[5]}
+        unlinked_artifacts = unlinked_artifacts.filter(artifact_id__in=named) if named else unlinked_artifacts.none()
+    else:
+        unlinked_artifacts = unlinked_artifacts.filter(created_at__gte=since)
+    artifacts = list(unlinked_artifacts.only("id", "artifact_id"))
+    if artifacts:
+        named = {
+            row[0]: (row[1], row[2])
+            for row in ToolExecution.objects.filter(
+                project_id=project_id, artifact_id__in={a.artifact_id for a in artifacts}
+            ).order_by("occurred_at").values_list("artifact_id", "id", "conversation_id")
+        }
+        changed = []
+        for artifact in artifacts:
+            if artifact.artifact_id in named:
+                artifact.tool_execution_id, artifact.conversation_id = named[artifact.artifact_id]
+                changed.append(artifact)
+        update_rows(Artifact, changed, ["tool_execution", "conversation"])
+        counts["artifacts"] = len(changed)
+    return counts
+
+
+def _conversation_key(attributes: Any) -> str:
+    if not isinstance(attributes, dict):
+        return ""
+    for name in ("gen_ai.conversation.id", "session.id"):
+        value = attributes.get(name)
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
+            return str(value).strip()[:200]
+    return ""

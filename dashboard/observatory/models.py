@@ -1,0 +1,413 @@
+"""What agents sent and what the tasks derive from it.
+
+The record-born rows (Round, Message, ToolExecution, CompressionEvent,
+SkillActivation) hold every field of the pipeline's records (``pipeline._records``
+is the schema) and a unique ``record_id``: a retried batch inserts nothing twice.
+Spans come from OTLP (``dashboard.ingest.spans`` fills them); (project, trace_id,
+span_id) is unique for the same reason. Conversation totals and ToolHourlyRollup
+are derived by tasks and can be recomputed from the rows at any time.
+
+Every index below serves a query a page makes; the comment says which.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.core.files.storage import storages
+from django.core.signals import setting_changed
+from django.db import models
+from django.db.models import Q
+from django.dispatch import receiver
+from django.utils import timezone
+from django.utils.functional import LazyObject, empty
+
+from dashboard.accounts.models import Project
+
+from .histogram import empty_histogram
+
+ID_LENGTH = 200  # pipeline Identifier max_length
+TOOL_CALL_ID_LENGTH = 256  # ToolExecutionResult.tool_call_id max_length
+
+
+class Conversation(models.Model):
+    class Status(models.TextChoices):
+        OK = "ok", "OK"
+        ERROR = "error", "Error"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="conversations")
+    external_id = models.CharField(max_length=ID_LENGTH)  # the agent's conversation_id
+    title = models.CharField(max_length=200, blank=True)  # from the first user message
+    user_id = models.CharField(max_length=ID_LENGTH, blank=True)
+    model = models.CharField(max_length=ID_LENGTH, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OK)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_activity_at = models.DateTimeField(default=timezone.now)
+
+    # Totals, maintained by the conversation_totals task (recomputed from rows).
+    rounds = models.PositiveIntegerField(default=0)
+    messages = models.PositiveIntegerField(default=0)
+    tool_calls = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    retries = models.PositiveIntegerField(default=0)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    max_context_tokens = models.BigIntegerField(default=0)
+    compressions = models.PositiveIntegerField(default=0)
+    has_errors = models.BooleanField(default=False)
+    totals_updated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "external_id"], name="conversation_external_id_unique"),
+        ]
+        indexes = [
+            # conversation list, newest activity first / newest started first
+            models.Index(fields=["project", "-last_activity_at"], name="conv_project_activity"),
+            models.Index(fields=["project", "-started_at"], name="conv_project_started"),
+            # list filters
+            models.Index(fields=["project", "status", "-last_activity_at"], name="conv_project_status"),
+            models.Index(fields=["project", "model", "-last_activity_at"], name="conv_project_model"),
+            models.Index(fields=["project", "user_id", "-last_activity_at"], name="conv_project_user"),
+            models.Index(fields=["project", "has_errors", "-last_activity_at"], name="conv_project_errors"),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or self.external_id
+
+
+class _RecordRow(models.Model):
+    """Fields every record-born row has. ``record_id`` is unique per project: the
+    retry of a batch inserts nothing twice, and one project cannot block another's
+    records by sending their ids."""
+
+    record_id = models.UUIDField()
+    schema_version = models.PositiveSmallIntegerField(default=1)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="+")
+    occurred_at = models.DateTimeField()
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+        constraints = [
+            models.UniqueConstraint(fields=["project", "record_id"], name="%(class)s_record_unique"),
+        ]
+
+
+class Round(_RecordRow):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="round_set")
+    round_id = models.CharField(max_length=ID_LENGTH)
+    index = models.PositiveIntegerField()
+    trace_id = models.CharField(max_length=32, blank=True)
+    model = models.CharField(max_length=ID_LENGTH, blank=True)
+    user_id = models.CharField(max_length=ID_LENGTH, blank=True)
+    user_message = models.TextField(blank=True)
+    thoughts = models.JSONField(default=list)
+    final_answer = models.TextField(null=True, blank=True)
+    status = models.CharField(max_length=8, default="ok")
+    context_tokens = models.BigIntegerField(default=0)  # as the agent reported it
+    context_window = models.BigIntegerField(null=True, blank=True)
+    compression_threshold = models.FloatField(null=True, blank=True)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    # Derived by the conversation_totals task: the context size per round for the
+    # token-budget chart (the reported value, or the running sum of message tokens
+    # when the agent did not report one), and what happened in the round.
+    derived_context_tokens = models.BigIntegerField(default=0)
+    tool_call_count = models.PositiveIntegerField(default=0)
+    error_count = models.PositiveIntegerField(default=0)
+
+    class Meta(_RecordRow.Meta):
+        indexes = [
+            models.Index(fields=["conversation", "index"], name="round_conversation_index"),
+            models.Index(fields=["project", "trace_id"], name="round_project_trace"),  # span linking
+        ]
+
+
+class Message(_RecordRow):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="message_set")
+    round_id = models.CharField(max_length=ID_LENGTH, blank=True)
+    index = models.PositiveIntegerField()
+    role = models.CharField(max_length=16)
+    content = models.TextField(blank=True)
+    name = models.CharField(max_length=200, blank=True)
+    tool_calls = models.JSONField(default=list)
+    tool_call_id = models.CharField(max_length=ID_LENGTH, blank=True)
+    is_meta = models.BooleanField(default=False)
+    tokens = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta(_RecordRow.Meta):
+        indexes = [models.Index(fields=["conversation", "index"], name="message_conversation_index")]
+
+
+class Span(models.Model):
+    """One OpenTelemetry span. Filled by the OTLP ingest (dashboard.ingest.spans).
+
+    ``conversation_key`` (gen_ai.conversation.id, else session.id) and ``tool_name``
+    (gen_ai.tool.name) are copied out of the attributes at ingest so linking and
+    span-only tool statistics are indexed queries; ``conversation`` is set by the
+    link task (or at ingest when the conversation is already known).
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="spans")
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16)
+    parent_span_id = models.CharField(max_length=16, blank=True)
+    name = models.CharField(max_length=255, blank=True)
+    kind = models.SmallIntegerField(default=0)  # OTLP SpanKind enum value
+    start_time = models.DateTimeField()
+    end_time = models.DateTimeField()
+    duration_ms = models.FloatField(default=0.0)
+    status_code = models.SmallIntegerField(default=0)  # 0 unset, 1 ok, 2 error
+    status_message = models.TextField(blank=True)
+    service_name = models.CharField(max_length=200, blank=True)
+    attributes = models.JSONField(default=dict)
+    events = models.JSONField(default=list)
+    resource = models.JSONField(default=dict)
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.SET_NULL, null=True, blank=True, related_name="spans"
+    )
+    conversation_key = models.CharField(max_length=ID_LENGTH, blank=True)
+    tool_name = models.CharField(max_length=ID_LENGTH, blank=True)
+    tool_call_id = models.CharField(max_length=TOOL_CALL_ID_LENGTH, blank=True)
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "trace_id", "span_id"], name="span_unique"),
+        ]
+        indexes = [
+            # trace view / waterfall (the unique constraint also covers project+trace)
+            models.Index(fields=["project", "-start_time"], name="span_project_time"),
+            models.Index(fields=["conversation", "start_time"], name="span_conversation_time"),
+            # linking to tool executions and conversations
+            models.Index(fields=["project", "tool_call_id"], name="span_project_tool_call"),
+            models.Index(fields=["project", "conversation_key"], name="span_project_conv_key"),
+            # span-only tool statistics by hour
+            models.Index(fields=["project", "tool_name", "start_time"], name="span_project_tool_time"),
+            # retention purge
+            models.Index(fields=["start_time"], name="span_start_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.trace_id}/{self.span_id}"
+
+
+class ToolExecution(_RecordRow):
+    """One tool_result record: the request side, the ToolExecutionResult, and the
+    same result rendered at BRIEF, STANDARD and FULL with their token counts."""
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="tool_executions"
+    )
+    round_id = models.CharField(max_length=ID_LENGTH, blank=True)
+    trace_id = models.CharField(max_length=32, blank=True)
+    span_id = models.CharField(max_length=16, blank=True)
+    # The span of this call, set by the link task (by span_id, else by tool_call_id).
+    linked_span = models.ForeignKey(Span, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    tool_name = models.CharField(max_length=ID_LENGTH)
+    tool_version = models.CharField(max_length=64, default="1.0.0")
+    parameters = models.JSONField(default=dict)
+    model = models.CharField(max_length=ID_LENGTH, blank=True)
+
+    # ToolExecutionResult
+    tool_call_id = models.CharField(max_length=TOOL_CALL_ID_LENGTH)
+    observation = models.TextField(blank=True)
+    output_level = models.CharField(max_length=16)
+    artifact_id = models.CharField(max_length=80, blank=True)
+    data_size_bytes = models.BigIntegerField(default=0)
+    data_hash = models.CharField(max_length=200, blank=True)
+    data_summary = models.TextField(blank=True)
+    retry_count = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    success = models.BooleanField()
+    error_code = models.CharField(max_length=200, blank=True)
+    error_type = models.CharField(max_length=200, blank=True)
+    error_message = models.TextField(blank=True)
+    duration_ms = models.FloatField(default=0.0)
+    observation_tokens = models.PositiveIntegerField(default=0)
+    cache_hit = models.BooleanField(default=False)
+
+    # The three renderings (null when the agent did not send that level).
+    brief_observation = models.TextField(null=True, blank=True)
+    brief_tokens = models.PositiveIntegerField(null=True, blank=True)
+    standard_observation = models.TextField(null=True, blank=True)
+    standard_tokens = models.PositiveIntegerField(null=True, blank=True)
+    full_observation = models.TextField(null=True, blank=True)
+    full_tokens = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta(_RecordRow.Meta):
+        indexes = [
+            # tool detail: executions of one tool over time; rollups by hour
+            models.Index(fields=["project", "tool_name", "-occurred_at"], name="toolexec_project_tool_time"),
+            # conversation timeline
+            models.Index(fields=["conversation", "occurred_at"], name="toolexec_conversation_time"),
+            # recent failures
+            models.Index(
+                fields=["project", "-occurred_at"], name="toolexec_project_failures",
+                condition=Q(success=False),
+            ),
+            # rollups recompute hours touched by new rows
+            models.Index(fields=["project", "occurred_at"], name="toolexec_project_time"),
+            # linking to spans
+            models.Index(fields=["project", "tool_call_id"], name="toolexec_project_tool_call"),
+            models.Index(fields=["project", "artifact_id"], name="toolexec_project_artifact"),
+        ]
+
+
+class CompressionEvent(_RecordRow):
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="compression_events"
+    )
+    round_id = models.CharField(max_length=ID_LENGTH, blank=True)
+    trace_id = models.CharField(max_length=32, blank=True)
+    span_id = models.CharField(max_length=16, blank=True)
+    result = models.JSONField()  # the whole CompressionResult, for the diff page
+    mode = models.CharField(max_length=16)
+    requested_mode = models.CharField(max_length=16, blank=True)
+    model = models.CharField(max_length=ID_LENGTH, blank=True)
+    target_tokens = models.BigIntegerField(default=0)
+    tokens_before = models.BigIntegerField(default=0)
+    tokens_after = models.BigIntegerField(default=0)
+    messages_before = models.PositiveIntegerField(default=0)
+    messages_after = models.PositiveIntegerField(default=0)
+    kept_count = models.PositiveIntegerField(default=0)
+    dropped_count = models.PositiveIntegerField(default=0)
+    truncated_count = models.PositiveIntegerField(default=0)
+    summarized_count = models.PositiveIntegerField(default=0)
+    target_met = models.BooleanField(default=True)
+    duration_ms = models.FloatField(default=0.0)
+
+    class Meta(_RecordRow.Meta):
+        indexes = [
+            models.Index(fields=["conversation", "occurred_at"], name="compression_conversation_time"),
+            models.Index(fields=["project", "-occurred_at"], name="compression_project_time"),
+        ]
+
+
+class SkillActivation(_RecordRow):
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="skill_activations"
+    )
+    round_id = models.CharField(max_length=ID_LENGTH, blank=True)
+    trace_id = models.CharField(max_length=32, blank=True)
+    span_id = models.CharField(max_length=16, blank=True)
+    skill_name = models.CharField(max_length=ID_LENGTH)
+    activation_id = models.CharField(max_length=ID_LENGTH)
+    load_level = models.PositiveSmallIntegerField()
+    depth = models.PositiveIntegerField(default=0)
+    chain = models.JSONField(default=list)
+    tokens_loaded = models.PositiveIntegerField(default=0)
+    resources = models.JSONField(default=list)
+    success = models.BooleanField(default=True)
+    error = models.TextField(null=True, blank=True)
+    duration_ms = models.FloatField(default=0.0)
+
+    class Meta(_RecordRow.Meta):
+        indexes = [
+            models.Index(fields=["conversation", "occurred_at"], name="skill_conversation_time"),
+            models.Index(fields=["project", "skill_name", "-occurred_at"], name="skill_project_name_time"),
+        ]
+
+
+class _ArtifactStorage(LazyObject):
+    """The "artifacts" storage, looked up when first used and again after a test
+    overrides STORAGES (the FileField keeps this proxy, not a fixed backend)."""
+
+    def _setup(self) -> None:
+        self._wrapped = storages["artifacts"]
+
+
+artifact_storage = _ArtifactStorage()
+
+
+@receiver(setting_changed)
+def _storages_changed(*, setting: str, **kwargs: object) -> None:
+    if setting == "STORAGES":
+        artifact_storage._wrapped = empty
+
+
+def _artifact_storage() -> _ArtifactStorage:
+    return artifact_storage
+
+
+def artifact_file_name(project_id: int) -> str:
+    """A generated storage name: never the client's, never derived from the artifact id."""
+    return f"p{project_id}/{timezone.now():%Y/%m}/{uuid.uuid4().hex}"
+
+
+def _artifact_upload_to(instance: "Artifact", filename: str) -> str:
+    return artifact_file_name(instance.project_id)
+
+
+class Artifact(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="artifacts")
+    artifact_id = models.CharField(max_length=80)
+    file = models.FileField(storage=_artifact_storage, upload_to=_artifact_upload_to, max_length=200)
+    sha256 = models.CharField(max_length=64)
+    size = models.BigIntegerField()
+    content_type = models.CharField(max_length=200, default="application/octet-stream")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    # Set by the link task when a tool_result record names this artifact.
+    tool_execution = models.ForeignKey(
+        ToolExecution, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.SET_NULL, null=True, blank=True, related_name="artifacts"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "artifact_id"], name="artifact_id_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["project", "-created_at"], name="artifact_project_created"),
+            models.Index(fields=["conversation", "created_at"], name="artifact_conversation"),
+            models.Index(fields=["expires_at"], name="artifact_expires"),
+        ]
+
+    def __str__(self) -> str:
+        return self.artifact_id
+
+
+class ToolHourlyRollup(models.Model):
+    """One tool's calls in one hour, recomputed whole from the rows (idempotent).
+
+    Counts come from tool executions plus tool spans that no record describes, so a
+    tool traced only through OpenTelemetry still has statistics.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tool_rollups")
+    tool_name = models.CharField(max_length=ID_LENGTH)
+    hour = models.DateTimeField()  # start of the hour, UTC
+    calls = models.PositiveIntegerField(default=0)
+    successes = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    retries = models.PositiveIntegerField(default=0)
+    timeouts = models.PositiveIntegerField(default=0)
+    cache_hits = models.PositiveIntegerField(default=0)
+    duration_sum_ms = models.FloatField(default=0.0)
+    # Bucket counts over histogram.LATENCY_BUCKET_BOUNDS_MS (+1 overflow bucket).
+    latency_histogram = models.JSONField(default=empty_histogram)
+    brief_tokens = models.BigIntegerField(default=0)
+    brief_count = models.PositiveIntegerField(default=0)
+    standard_tokens = models.BigIntegerField(default=0)
+    standard_count = models.PositiveIntegerField(default=0)
+    full_tokens = models.BigIntegerField(default=0)
+    full_count = models.PositiveIntegerField(default=0)
+    error_types = models.JSONField(default=dict)  # {"timeout": 3, ...}
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "tool_name", "hour"], name="rollup_unique"),
+        ]
+        indexes = [
+            # tools table over a time range; tool detail charts
+            models.Index(fields=["project", "hour"], name="rollup_project_hour"),
+        ]

@@ -1,0 +1,529 @@
+"""Writes for the stored conversation data: records, artifacts, retention.
+
+``records_store`` is the ingest fast path: a fixed number of queries per batch
+whatever its size (get-or-create the conversations in bulk, look up the batch's
+record ids once per record type, one bulk insert per type), all in the caller's
+transaction. Everything derived is left to the tasks, enqueued after commit by
+``derivations_enqueue``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from typing import IO, Any, Iterable, Sequence
+
+from django.conf import settings
+from django.core.files.base import File
+from django.db import IntegrityError, connections, models, router, transaction
+from django.utils import timezone
+
+from dashboard.accounts.models import Project
+from dashboard.tuning.models import RetentionPolicy
+from pipeline import (
+    CompressionRecord,
+    MessageAction,
+    MessageRecord,
+    OutputLevel,
+    RoundRecord,
+    SkillActivationRecord,
+    ToolResultRecord,
+)
+
+from .models import (
+    Artifact,
+    CompressionEvent,
+    Conversation,
+    Message,
+    Round,
+    SkillActivation,
+    Span,
+    ToolExecution,
+    ToolHourlyRollup,
+    artifact_file_name,
+    artifact_storage,
+)
+
+INSERT_BATCH = 1000
+
+
+@dataclass
+class StoreOutcome:
+    accepted: int = 0
+    duplicates: int = 0
+    conversation_ids: set[int] = field(default_factory=set)
+    tool_hours: set[datetime] = field(default_factory=set)
+
+
+def hour_of(moment: datetime) -> datetime:
+    return moment.astimezone(dt_timezone.utc).replace(minute=0, second=0, microsecond=0)
+
+
+# --- records ----------------------------------------------------------------------
+
+def conversations_get_or_create(
+    *, project: Project, first_seen: dict[str, tuple[datetime, datetime]]
+) -> dict[str, int]:
+    """Conversation pk by external id, creating the missing ones in bulk.
+
+    ``first_seen`` maps external id -> (earliest, latest) time seen in this batch,
+    used as started_at / last_activity_at of a new conversation. Two to three
+    queries whatever the number of conversations; a concurrent creator is absorbed
+    by ignore_conflicts and the re-read.
+    """
+    ids = list(first_seen)
+    found = dict(
+        Conversation.objects.filter(project=project, external_id__in=ids).values_list("external_id", "pk")
+    )
+    missing = [external_id for external_id in ids if external_id not in found]
+    if missing:
+        Conversation.objects.bulk_create(
+            [
+                Conversation(
+                    project=project,
+                    external_id=external_id,
+                    started_at=first_seen[external_id][0],
+                    last_activity_at=first_seen[external_id][1],
+                )
+                for external_id in missing
+            ],
+            ignore_conflicts=True,
+        )
+        found.update(
+            Conversation.objects.filter(project=project, external_id__in=missing).values_list("external_id", "pk")
+        )
+    return found
+
+
+def _common(record: Any, project: Project, conversation_id: int) -> dict[str, Any]:
+    return {
+        "record_id": record.record_id,
+        "schema_version": record.schema_version,
+        "project_id": project.pk,
+        "conversation_id": conversation_id,
+        "occurred_at": record.occurred_at,
+    }
+
+
+def _round_row(record: RoundRecord, common: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        **common,
+        round_id=record.round_id,
+        index=record.index,
+        trace_id=record.trace_id or "",
+        model=record.model or "",
+        user_id=record.user_id or "",
+        user_message=record.user_message,
+        thoughts=list(record.thoughts),
+        final_answer=record.final_answer,
+        status=record.status,
+        context_tokens=record.context_tokens,
+        context_window=record.context_window,
+        compression_threshold=record.compression_threshold,
+        input_tokens=record.input_tokens,
+        output_tokens=record.output_tokens,
+        started_at=record.started_at,
+        ended_at=record.ended_at,
+        derived_context_tokens=record.context_tokens,
+    )
+
+
+def _message_row(record: MessageRecord, common: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        **common,
+        round_id=record.round_id or "",
+        index=record.index,
+        role=record.role,
+        content=record.content,
+        name=record.name or "",
+        tool_calls=[call.model_dump(mode="json") for call in record.tool_calls],
+        tool_call_id=record.tool_call_id or "",
+        is_meta=record.is_meta,
+        tokens=record.tokens,
+    )
+
+
+def _tool_row(record: ToolResultRecord, common: dict[str, Any]) -> dict[str, Any]:
+    result = record.result
+    renderings = {r.level: r for r in record.renderings}
+    brief = renderings.get(OutputLevel.BRIEF)
+    standard = renderings.get(OutputLevel.STANDARD)
+    full = renderings.get(OutputLevel.FULL)
+    return dict(
+        **common,
+        round_id=record.round_id or "",
+        trace_id=record.trace_id or "",
+        span_id=record.span_id or "",
+        tool_name=record.tool_name,
+        tool_version=record.tool_version,
+        parameters=record.parameters,
+        model=record.model or "",
+        tool_call_id=result.tool_call_id,
+        observation=result.observation,
+        output_level=result.output_level.value,
+        artifact_id=result.artifact_id or "",
+        data_size_bytes=result.data_size_bytes,
+        data_hash=(result.data_hash or "")[:200],
+        data_summary=result.data_summary or "",
+        retry_count=result.retry_count,
+        last_error=result.last_error or "",
+        success=result.success,
+        error_code=(result.error_code or "")[:200],
+        error_type=(result.error_type or "")[:200],
+        error_message=result.error_message or "",
+        duration_ms=result.duration_ms,
+        observation_tokens=result.observation_tokens,
+        cache_hit=result.cache_hit,
+        brief_observation=brief.observation if brief else None,
+        brief_tokens=brief.tokens if brief else None,
+        standard_observation=standard.observation if standard else None,
+        standard_tokens=standard.tokens if standard else None,
+        full_observation=full.observation if full else None,
+        full_tokens=full.tokens if full else None,
+    )
+
+
+def _compression_row(record: CompressionRecord, common: dict[str, Any]) -> dict[str, Any]:
+    result = record.result
+    return dict(
+        **common,
+        round_id=record.round_id or "",
+        trace_id=record.trace_id or "",
+        span_id=record.span_id or "",
+        result=result.model_dump(mode="json"),
+        mode=result.mode.value,
+        requested_mode=result.requested_mode.value if result.requested_mode else "",
+        model=(result.model or "")[:200],
+        target_tokens=result.target_tokens,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        messages_before=result.messages_before,
+        messages_after=result.messages_after,
+        kept_count=result.count(MessageAction.KEPT),
+        dropped_count=result.count(MessageAction.DROPPED),
+        truncated_count=result.count(MessageAction.TRUNCATED),
+        summarized_count=result.count(MessageAction.SUMMARIZED),
+        target_met=result.target_met,
+        duration_ms=result.duration_ms,
+    )
+
+
+def _skill_row(record: SkillActivationRecord, common: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        **common,
+        round_id=record.round_id or "",
+        trace_id=record.trace_id or "",
+        span_id=record.span_id or "",
+        skill_name=record.skill_name,
+        activation_id=record.activation_id,
+        load_level=record.load_level,
+        depth=record.depth,
+        chain=list(record.chain),
+        tokens_loaded=record.tokens_loaded,
+        resources=list(record.resources),
+        success=record.success,
+        error=record.error,
+        duration_ms=record.duration_ms,
+    )
+
+
+# Each builder returns a row as {attname: value}; columns left out take their default.
+_ROW_BUILDERS: dict[str, tuple[type[models.Model], Any]] = {
+    "round": (Round, _round_row),
+    "message": (Message, _message_row),
+    "tool_result": (ToolExecution, _tool_row),
+    "compression": (CompressionEvent, _compression_row),
+    "skill_activation": (SkillActivation, _skill_row),
+}
+
+
+def records_store(*, project: Project, records: Sequence[Any]) -> StoreOutcome:
+    """Store validated pipeline records (``pipeline.parse_record`` output).
+
+    Must run inside a transaction (the caller's ``atomic``) so the batch is stored
+    whole or not at all. A record whose record_id is already stored for the
+    project, or repeated within the batch, counts as a duplicate.
+    """
+    outcome = StoreOutcome()
+    if not records:
+        return outcome
+
+    by_type: dict[str, list[Any]] = {}
+    seen_ids: set[uuid.UUID] = set()
+    for record in records:
+        if record.record_id in seen_ids:
+            outcome.duplicates += 1
+            continue
+        seen_ids.add(record.record_id)
+        by_type.setdefault(record.type, []).append(record)
+
+    # Drop what is already stored before building rows: one query per record type.
+    for record_type, items in list(by_type.items()):
+        model = _ROW_BUILDERS[record_type][0]
+        stored = set(
+            model.objects.filter(project=project, record_id__in=[r.record_id for r in items]).values_list(
+                "record_id", flat=True
+            )
+        )
+        if stored:
+            outcome.duplicates += len(stored)
+            by_type[record_type] = [r for r in items if r.record_id not in stored]
+
+    first_seen: dict[str, tuple[datetime, datetime]] = {}
+    for items in by_type.values():
+        for record in items:
+            span = first_seen.get(record.conversation_id)
+            moment = record.occurred_at
+            if span is None:
+                first_seen[record.conversation_id] = (moment, moment)
+            else:
+                first_seen[record.conversation_id] = (min(span[0], moment), max(span[1], moment))
+    if not first_seen:
+        return outcome
+    conversations = conversations_get_or_create(project=project, first_seen=first_seen)
+
+    for record_type, items in by_type.items():
+        model, build = _ROW_BUILDERS[record_type]
+        rows = []
+        for record in items:
+            conversation_id = conversations[record.conversation_id]
+            rows.append(build(record, _common(record, project, conversation_id)))
+            outcome.conversation_ids.add(conversation_id)
+            if record_type == "tool_result":
+                outcome.tool_hours.add(hour_of(record.occurred_at))
+        insert_ignoring_conflicts(model, rows)
+        outcome.accepted += len(rows)
+    return outcome
+
+
+_PLAIN_TYPES = {
+    "AutoField", "BigAutoField", "BigIntegerField", "BooleanField", "CharField", "FloatField", "ForeignKey",
+    "IntegerField", "PositiveIntegerField", "PositiveSmallIntegerField", "SmallIntegerField", "TextField",
+}
+
+
+def _converter(field: models.Field, connection: Any) -> Any:
+    """None when the driver takes the Python value as it is (most columns), else the
+    field's own conversion (UUIDs, datetimes, JSON) bound to the connection."""
+    if field.get_internal_type() in _PLAIN_TYPES:
+        return None
+    return lambda value: field.get_db_prep_save(value, connection)
+
+
+def insert_ignoring_conflicts(model: type[models.Model], rows: Sequence[dict[str, Any]]) -> None:
+    """INSERT … ON CONFLICT DO NOTHING of many rows as one prepared statement run
+    with executemany (SQLite and PostgreSQL both have the clause).
+
+    What ``bulk_create(ignore_conflicts=True)`` does, without its per-statement SQL
+    compilation: on this hot path that compilation cost more than the database, and
+    on SQLite it splits a batch into many statements of at most 999 parameters. A
+    conflict is a concurrent retry of the same record_id, so ignoring it is right.
+    """
+    if not rows:
+        return
+    connection = connections[router.db_for_write(model)]
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    quote = connection.ops.quote_name
+    sql = "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT DO NOTHING".format(
+        quote(model._meta.db_table),
+        ", ".join(quote(f.column) for f in fields),
+        ", ".join(["%s"] * len(fields)),
+    )
+    plan = [(f.attname, f.get_default(), _converter(f, connection)) for f in fields]
+    params = [
+        [
+            value if convert is None else convert(value)
+            for attname, default, convert in plan
+            for value in (row.get(attname, default),)
+        ]
+        for row in rows
+    ]
+    with connection.cursor() as cursor:
+        for start in range(0, len(params), INSERT_BATCH):
+            cursor.executemany(sql, params[start : start + INSERT_BATCH])
+
+
+def derivations_enqueue(
+    *, project_id: int, conversation_ids: Iterable[int] = (), hours: Iterable[datetime] = ()
+) -> None:
+    """After the current transaction commits, run the derivation tasks for what a
+    write touched: conversation totals, hourly tool rollups, links between spans
+    and records. The OTLP span ingest calls it too (with the hours of tool spans)."""
+    from . import tasks
+
+    conversation_list = sorted(set(conversation_ids))
+    hour_list = sorted({hour_of(hour).isoformat() for hour in hours})
+
+    def enqueue() -> None:
+        if conversation_list:
+            tasks.links_refresh.delay(project_id, conversation_list)
+            tasks.conversation_totals_refresh.delay(conversation_list)
+        if hour_list:
+            tasks.tool_rollups_refresh.delay(project_id, hour_list)
+
+    # robust: the batch is committed; a failing enqueue (broker down, an eager task
+    # error) is logged and left to the hourly beat, never turned into a 500.
+    transaction.on_commit(enqueue, robust=True)
+
+
+# --- artifacts --------------------------------------------------------------------
+
+class ArtifactConflict(Exception):
+    """The artifact id is stored with other content (a different sha256)."""
+
+
+class ArtifactHashMismatch(Exception):
+    """The uploaded bytes do not hash to the sha256 the client declared."""
+
+
+class ArtifactTooLarge(Exception):
+    """The upload is past the artifact size limit."""
+
+
+@dataclass
+class ArtifactOutcome:
+    artifact: Artifact
+    created: bool
+
+
+def artifact_store(
+    *,
+    project: Project,
+    artifact_id: str,
+    stream: IO[bytes],
+    sha256: str,
+    content_type: str,
+    max_bytes: int,
+    chunk_size: int = 1024 * 1024,
+) -> ArtifactOutcome:
+    """Stream an upload to the artifacts storage under a generated name, checking its
+    size and hash as it goes; keep it only when the hash matches.
+
+    Same id and same hash again: the stored artifact, unchanged (created=False).
+    Same id, other hash: ArtifactConflict, nothing stored.
+    """
+    sha256 = sha256.lower()
+    checked = _HashingReader(stream, max_bytes, chunk_size)
+    existing = Artifact.objects.filter(project=project, artifact_id=artifact_id).first()
+    if existing is not None:
+        if existing.sha256 != sha256:
+            raise ArtifactConflict(artifact_id)
+        checked.consume()  # the bytes must still be what the client says they are
+        if checked.hexdigest() != sha256:
+            raise ArtifactHashMismatch(artifact_id)
+        return ArtifactOutcome(existing, created=False)
+
+    storage = artifact_storage
+    name = artifact_file_name(project.pk)
+    try:
+        name = storage.save(name, File(checked, name="upload"))
+        if checked.hexdigest() != sha256:
+            raise ArtifactHashMismatch(artifact_id)
+        policy = RetentionPolicy.objects.filter(project=project).first()
+        days = policy.artifact_days if policy else settings.OBSERVATORY_RETENTION_ARTIFACT_DAYS
+        artifact = Artifact(
+            project=project,
+            artifact_id=artifact_id,
+            file=name,
+            sha256=sha256,
+            size=checked.size,
+            content_type=content_type[:200] or "application/octet-stream",
+            expires_at=timezone.now() + timedelta(days=days),
+        )
+        with transaction.atomic():
+            artifact.save()
+    except IntegrityError:
+        storage.delete(name)
+        # A concurrent upload of the same id won: answer as for a re-upload.
+        winner = Artifact.objects.get(project=project, artifact_id=artifact_id)
+        if winner.sha256 != sha256:
+            raise ArtifactConflict(artifact_id) from None
+        return ArtifactOutcome(winner, created=False)
+    except BaseException:
+        storage.delete(name)  # a partial or refused file never stays behind
+        raise
+    transaction.on_commit(lambda: _link_after_upload(project.pk, artifact_id), robust=True)
+    return ArtifactOutcome(artifact, created=True)
+
+
+def _link_after_upload(project_id: int, artifact_id: str) -> None:
+    from . import tasks
+
+    tasks.links_refresh.delay(project_id, None, [artifact_id])
+
+
+class _HashingReader:
+    """A file-like reader over the request stream that hashes, counts and stops at
+    the size limit (raising ArtifactTooLarge) while the storage copies it."""
+
+    def __init__(self, stream: IO[bytes], max_bytes: int, chunk_size: int) -> None:
+        self._stream = stream
+        self._max = max_bytes
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self.chunk_size = chunk_size
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self.chunk_size
+        chunk = self._stream.read(min(n, self._max + 1 - self.size) or 1)
+        self.size += len(chunk)
+        if self.size > self._max:
+            raise ArtifactTooLarge()
+        self._hash.update(chunk)
+        return chunk
+
+    def consume(self) -> None:
+        while self.read(self.chunk_size):
+            pass
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+# --- retention --------------------------------------------------------------------
+
+@dataclass
+class PurgeOutcome:
+    spans: int = 0
+    records: int = 0
+    conversations: int = 0
+    artifacts: int = 0
+
+
+def retention_purge(*, project: Project, now: datetime | None = None) -> PurgeOutcome:
+    """Delete what is older than the project's retention (or the settings' defaults):
+    spans by start time, record rows by occurrence, conversations with no activity
+    left, artifacts past their expiry or retention, their files included.
+    Idempotent: a second run finds nothing more to delete."""
+    now = now or timezone.now()
+    policy = RetentionPolicy.objects.filter(project=project).first()
+    span_days = policy.span_days if policy else settings.OBSERVATORY_RETENTION_SPAN_DAYS
+    record_days = policy.record_days if policy else settings.OBSERVATORY_RETENTION_RECORD_DAYS
+    artifact_days = policy.artifact_days if policy else settings.OBSERVATORY_RETENTION_ARTIFACT_DAYS
+    outcome = PurgeOutcome()
+
+    outcome.spans, _ = Span.objects.filter(project=project, start_time__lt=now - timedelta(days=span_days)).delete()
+    record_cutoff = now - timedelta(days=record_days)
+    for model in (Round, Message, ToolExecution, CompressionEvent, SkillActivation):
+        deleted, _ = model.objects.filter(project=project, occurred_at__lt=record_cutoff).delete()
+        outcome.records += deleted
+    ToolHourlyRollup.objects.filter(project=project, hour__lt=record_cutoff - timedelta(hours=1)).delete()
+    _, deleted_by_model = Conversation.objects.filter(
+        project=project, last_activity_at__lt=record_cutoff
+    ).delete()
+    outcome.conversations = deleted_by_model.get(Conversation._meta.label, 0)
+
+    expired = Artifact.objects.filter(project=project).filter(
+        models.Q(expires_at__lt=now) | models.Q(created_at__lt=now - timedelta(days=artifact_days))
+    )
+    for artifact in expired.iterator():
+        name = artifact.file.name
+        artifact.delete()
+        if name:
+            artifact.file.storage.delete(name)
+        outcome.artifacts += 1
+    return outcome

@@ -1,0 +1,65 @@
+"""Celery tasks: each takes ids, calls a service, and is idempotent (it recomputes
+from rows), so a retry or a duplicate enqueue is harmless. With no broker they run
+eagerly in-process after the ingest transaction commits."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery import shared_task
+from django.utils import timezone
+
+from dashboard.accounts.models import Project
+
+from . import derivations, services
+
+
+@shared_task(name="observatory.conversation_totals_refresh")
+def conversation_totals_refresh(conversation_ids: list[int]) -> int:
+    return derivations.conversation_totals_refresh(conversation_ids=conversation_ids)
+
+
+@shared_task(name="observatory.tool_rollups_refresh")
+def tool_rollups_refresh(project_id: int, hours: list[str]) -> int:
+    """``hours`` are ISO timestamps of hour starts (JSON-safe for the broker)."""
+    return derivations.tool_rollups_refresh(
+        project_id=project_id, hours=[services.hour_of(datetime.fromisoformat(hour)) for hour in hours]
+    )
+
+
+@shared_task(name="observatory.links_refresh")
+def links_refresh(
+    project_id: int, conversation_ids: list[int] | None = None, artifact_ids: list[str] | None = None
+) -> dict[str, Any]:
+    """Without ids: everything unlinked of the last two days (the beat's pass)."""
+    counts = derivations.links_refresh(
+        project_id=project_id, conversation_ids=conversation_ids, artifact_ids=artifact_ids
+    )
+    if counts["conversation_ids"]:
+        derivations.conversation_totals_refresh(conversation_ids=counts["conversation_ids"])
+    return counts
+
+
+@shared_task(name="observatory.rollup_recent_hours")
+def rollup_recent_hours(hours_back: int = 3) -> int:
+    """Beat, hourly: recompute the last few hours of every project, catching spans
+    linked late and anything a lost task missed."""
+    since = timezone.now() - timedelta(hours=hours_back)
+    written = 0
+    for project_id in Project.objects.values_list("pk", flat=True):
+        links_refresh(project_id)
+        hours = derivations.hours_with_rows(project_id=project_id, since=since)
+        written += derivations.tool_rollups_refresh(project_id=project_id, hours=hours)
+    return written
+
+
+@shared_task(name="observatory.purge_expired")
+def purge_expired() -> dict[str, int]:
+    """Beat, daily: the retention purge of every project."""
+    totals = {"spans": 0, "records": 0, "conversations": 0, "artifacts": 0}
+    for project in Project.objects.all():
+        outcome = services.retention_purge(project=project)
+        for name in totals:
+            totals[name] += getattr(outcome, name)
+    return totals

@@ -1,0 +1,161 @@
+"""Django settings for the Pipeline Observatory dashboard.
+
+Everything that differs between a laptop and production comes from the environment
+through the helpers in ``dashboard.env``; a bad value stops the process at start.
+With nothing set, the dashboard is a complete embedded product: SQLite (WAL) and
+artifacts under ``./var``, Celery tasks run eagerly in-process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from celery.schedules import crontab
+
+from dashboard import env
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = env.env_dir("OBSERVATORY_DATA_DIR", str(BASE_DIR / "var"))
+
+DEBUG = env.env_bool("DEBUG", False)
+SECRET_KEY = env.secret_key(DATA_DIR, debug=DEBUG, testing=env.running_tests())
+ALLOWED_HOSTS = env.env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "ninja",
+    "dashboard.accounts",
+    "dashboard.observatory",
+    "dashboard.tuning",
+    "dashboard.web",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "dashboard.web.middleware.SecurityHeadersMiddleware",
+]
+
+ROOT_URLCONF = "dashboard.urls"
+WSGI_APPLICATION = "dashboard.wsgi.application"
+ASGI_APPLICATION = "dashboard.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "dashboard.web.context_processors.projects",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.database("DATABASE_URL", DATA_DIR)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "staticfiles"
+
+# Artifacts live in their own storage so they can move to object storage without
+# code changes; the file system location is never shown to a client.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "artifacts": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {
+            "location": str(env.env_dir("OBSERVATORY_ARTIFACT_DIR", str(DATA_DIR / "artifacts"))),
+            "base_url": None,
+            "file_permissions_mode": 0o640,
+            "directory_permissions_mode": 0o750,
+        },
+    },
+}
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = env.env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# Ingest limits (bytes, counts). The body limit is checked before reading; the
+# decoded limit bounds gzip expansion.
+OBSERVATORY_MAX_BODY_BYTES = env.env_int("OBSERVATORY_MAX_BODY_BYTES", 8 * 1024 * 1024, minimum=1024)
+OBSERVATORY_MAX_DECODED_BYTES = env.env_int(
+    "OBSERVATORY_MAX_DECODED_BYTES", 64 * 1024 * 1024, minimum=1024
+)
+OBSERVATORY_MAX_ARTIFACT_BYTES = env.env_int(
+    "OBSERVATORY_MAX_ARTIFACT_BYTES", 256 * 1024 * 1024, minimum=1
+)
+OBSERVATORY_MAX_RECORDS_PER_BATCH = env.env_int("OBSERVATORY_MAX_RECORDS_PER_BATCH", 5000, minimum=1)
+# Concurrent ingest requests per process before answering 429 + Retry-After.
+OBSERVATORY_MAX_CONCURRENT_INGEST = env.env_int("OBSERVATORY_MAX_CONCURRENT_INGEST", 8, minimum=1)
+
+# Retention defaults (days) when a project has no RetentionPolicy of its own.
+OBSERVATORY_RETENTION_SPAN_DAYS = env.env_int("OBSERVATORY_RETENTION_SPAN_DAYS", 14, minimum=1)
+OBSERVATORY_RETENTION_RECORD_DAYS = env.env_int("OBSERVATORY_RETENTION_RECORD_DAYS", 90, minimum=1)
+OBSERVATORY_RETENTION_ARTIFACT_DAYS = env.env_int(
+    "OBSERVATORY_RETENTION_ARTIFACT_DAYS", 30, minimum=1
+)
+
+# Celery: with no broker the derivation tasks run eagerly in-process, so the
+# embedded default needs no Redis. Eager errors propagate so tests see them.
+CELERY_BROKER_URL = env.env_str("CELERY_BROKER_URL")
+CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_RESULT_BACKEND = env.env_str("CELERY_RESULT_BACKEND") or None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 4
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE = {
+    "tool-rollups-hourly": {
+        "task": "observatory.rollup_recent_hours",
+        "schedule": crontab(minute=5),
+    },
+    "retention-purge-daily": {
+        "task": "observatory.purge_expired",
+        "schedule": crontab(minute=30, hour=3),
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.env_str("LOG_LEVEL", "INFO").upper()},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

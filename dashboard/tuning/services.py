@@ -1,0 +1,94 @@
+"""The effective config a project's agents run with, built from the tuning models
+and serialized with the pipeline's own ``ConfigPayload`` (one schema both sides)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from dashboard.accounts.models import Project
+from pipeline import ConfigPayload
+from pydantic import ValidationError
+
+from .models import CompressionProfile, ConfigRevision, EncoderRule, ToolOutputPolicy
+
+logger = logging.getLogger(__name__)
+
+
+def effective_config(*, project: Project) -> ConfigPayload:
+    """The config for ``GET /api/v1/config``: the active compression profile's
+    overrides, each tool's output level and cache policy, one margin per model
+    family (an exact family rule wins over a wildcard; among wildcards the most
+    specific, i.e. longest, pattern wins). Four queries."""
+    profile = CompressionProfile.objects.filter(project=project, is_active=True).first()
+    policies = list(ToolOutputPolicy.objects.filter(project=project).order_by("tool_name"))
+    margins: dict[str, tuple[int, float]] = {}
+    for rule in EncoderRule.objects.filter(project=project):
+        exact = rule.pattern.strip().lower()
+        for family in rule.families():
+            rank = 1_000 if family == exact else len(exact)
+            if family not in margins or rank > margins[family][0]:
+                margins[family] = (rank, rule.safety_margin)
+    revision = ConfigRevision.objects.filter(project=project).values_list("revision", flat=True).first() or 0
+    fields = {
+        "compression": dict(profile.config) if profile and isinstance(profile.config, dict) else {},
+        "tool_output_levels": {p.tool_name: p.output_level for p in policies},
+        "tool_cache_policies": {p.tool_name: p.cache_policy for p in policies},
+        "encoder_margins": {family: margin for family, (_, margin) in sorted(margins.items())},
+    }
+    return ConfigPayload(revision=revision, **{name: _accepted(name, values) for name, values in fields.items()})
+
+
+def _accepted(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The entries ConfigPayload accepts. Rows are validated when saved through the
+    admin; one written around it must not turn every agent's poll into a 500."""
+    try:
+        ConfigPayload.model_validate({name: values})
+        return values
+    except ValidationError:
+        pass
+    if name == "compression":
+        logger.warning("compression profile refused by ConfigPayload; serving no overrides")
+        return {}
+    kept = {}
+    for key, value in values.items():
+        try:
+            ConfigPayload.model_validate({name: {key: value}})
+            kept[key] = value
+        except ValidationError:
+            logger.warning("%s entry %r refused by ConfigPayload; left out", name, key[:80])
+    return kept
+
+
+def config_body_and_etag(payload: ConfigPayload) -> tuple[bytes, str]:
+    """Canonical JSON (sorted keys) and a strong ETag over exactly those bytes."""
+    body = json.dumps(payload.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+    return body, '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+def config_revision_bump(*, project: Project) -> int:
+    """Count a change of the agent-facing config (admin saves and deletes call it)."""
+    with transaction.atomic():
+        revision, created = ConfigRevision.objects.get_or_create(project=project)
+        ConfigRevision.objects.filter(pk=revision.pk).update(revision=F("revision") + 1, changed_at=timezone.now())
+    return ConfigRevision.objects.get(pk=revision.pk).revision
+
+
+@transaction.atomic
+def compression_profile_activate(*, profile: CompressionProfile) -> CompressionProfile:
+    """Make one profile the project's active one (the others are deactivated first,
+    so the one-active constraint holds at every step)."""
+    CompressionProfile.objects.filter(project=profile.project, is_active=True).exclude(pk=profile.pk).update(
+        is_active=False
+    )
+    if not profile.is_active:
+        profile.is_active = True
+        profile.save(update_fields=["is_active", "updated_at"])
+    config_revision_bump(project=profile.project)
+    return profile

@@ -1,0 +1,18 @@
+"""URL routes: the admin, login, the one NinjaAPI (/api/v1/..., docs at /api/docs),
+and OTLP span ingest at /v1/traces (the path OTLP/HTTP exporters post to)."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from dashboard.api import api
+from dashboard.ingest import otlp_views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("api/", api.urls),
+    path("v1/traces", otlp_views.export_traces, name="otlp_traces"),
+    path("", include("dashboard.web.urls")),  # the pages (dashboard/web)
+]

@@ -1,0 +1,147 @@
+"""PUT /api/v1/artifacts/{artifact_id}: storing bytes, re-uploads, and bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from dashboard.observatory.models import Artifact
+
+pytestmark = pytest.mark.django_db
+ARTIFACT_ID = "artifact_" + "ab" * 8
+DATA = b"region,total\nnorth,10\nsouth,12\n"
+
+
+def put(client, auth, data=DATA, *, artifact_id=ARTIFACT_ID, sha=None, content_type="text/csv", **headers):
+    headers.setdefault("HTTP_X_CONTENT_SHA256", sha or hashlib.sha256(data).hexdigest())
+    return client.generic("PUT", f"/api/v1/artifacts/{artifact_id}", data, content_type=content_type, **auth, **headers)
+
+
+def files_in(location) -> list[str]:
+    return [os.path.join(d, f) for d, _, names in os.walk(location) for f in names]
+
+
+def test_it_stores_an_artifact_under_a_generated_name(client, auth, project, _test_settings):
+    response = put(client, auth)
+    assert response.status_code == 201
+    assert response.json() == {"artifact_id": ARTIFACT_ID, "sha256": hashlib.sha256(DATA).hexdigest(),
+                               "size": len(DATA), "content_type": "text/csv"}
+    artifact = Artifact.objects.get(project=project)
+    assert ARTIFACT_ID not in artifact.file.name
+    with artifact.file.open("rb") as handle:
+        assert handle.read() == DATA
+    assert len(files_in(_test_settings)) == 1
+    assert str(_test_settings) not in response.content.decode()
+
+
+def test_it_answers_200_to_an_identical_reupload_and_409_to_other_content(client, auth, _test_settings):
+    put(client, auth)
+    assert put(client, auth).status_code == 200
+    response = put(client, auth, b"other bytes")
+    assert response.status_code == 409
+    assert Artifact.objects.count() == 1 and len(files_in(_test_settings)) == 1
+
+
+def test_it_refuses_a_hash_mismatch_and_keeps_nothing(client, auth, _test_settings):
+    response = put(client, auth, sha="0" * 64)
+    assert response.status_code == 400
+    assert Artifact.objects.count() == 0 and files_in(_test_settings) == []
+
+
+@pytest.mark.parametrize("sha", ["", "xyz", "a" * 63, "g" * 64])
+def test_it_refuses_a_missing_or_malformed_hash(client, auth, sha):
+    assert put(client, auth, sha=sha or " ").status_code == 400
+    assert Artifact.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    "artifact_id",
+    ["..%2F..%2Fetc%2Fpasswd", "../../etc/passwd", "artifact_../../x", "artifact_ABCDEFABCDEFABCD",
+     "artifact_123", "artifact_" + "a" * 65, "artifact_abcdefabcdefabcd%00", "notes.txt"],
+)
+def test_it_refuses_ids_that_are_not_artifact_hex(client, auth, artifact_id, _test_settings):
+    response = put(client, auth, artifact_id=artifact_id)
+    assert response.status_code in (400, 404)
+    assert Artifact.objects.count() == 0 and files_in(_test_settings) == []
+
+
+def test_it_refuses_an_artifact_over_the_size_limit(client, auth, settings, _test_settings):
+    settings.OBSERVATORY_MAX_ARTIFACT_BYTES = 10
+    assert put(client, auth).status_code == 413
+    assert Artifact.objects.count() == 0 and files_in(_test_settings) == []
+
+
+def test_it_stops_reading_a_body_longer_than_the_limit_it_declared(auth, project, _test_settings):
+    """A client that lies about Content-Length: the stream is cut at the limit and
+    the partial file removed."""
+    import io
+
+    from dashboard.observatory.services import ArtifactTooLarge, artifact_store
+
+    data = b"x" * 5000
+    with pytest.raises(ArtifactTooLarge):
+        artifact_store(project=project, artifact_id=ARTIFACT_ID, stream=io.BytesIO(data),
+                       sha256=hashlib.sha256(data).hexdigest(), content_type="text/plain", max_bytes=100,
+                       chunk_size=64)
+    assert Artifact.objects.count() == 0 and files_in(_test_settings) == []
+
+
+def test_it_hashes_a_gzipped_upload_after_inflating_it(client, auth, project):
+    import gzip
+
+    response = put(client, auth, gzip.compress(DATA), sha=hashlib.sha256(DATA).hexdigest(), HTTP_CONTENT_ENCODING="gzip")
+    assert response.status_code == 201 and response.json()["size"] == len(DATA)
+    with Artifact.objects.get().file.open("rb") as handle:
+        assert handle.read() == DATA
+
+
+def test_it_refuses_gzip_bombs_corrupt_gzip_other_encodings_and_bad_content_types(client, auth, settings,
+                                                                                    _test_settings):
+    import gzip
+
+    settings.OBSERVATORY_MAX_ARTIFACT_BYTES = 1000
+    bomb = b"0" * 1_000_000
+    assert put(client, auth, gzip.compress(bomb), sha=hashlib.sha256(bomb).hexdigest(),
+               HTTP_CONTENT_ENCODING="gzip").status_code == 413
+    assert put(client, auth, b"not gzip at all", HTTP_CONTENT_ENCODING="gzip").status_code == 400
+    assert put(client, auth, gzip.compress(DATA)[:-8], sha=hashlib.sha256(DATA).hexdigest(),
+               HTTP_CONTENT_ENCODING="gzip").status_code == 400
+    assert put(client, auth, HTTP_CONTENT_ENCODING="br").status_code == 415
+    assert put(client, auth, content_type="text/html\r\nX-Evil: 1").status_code == 400
+    assert Artifact.objects.count() == 0 and files_in(_test_settings) == []
+
+
+def test_it_refuses_missing_wrong_and_revoked_keys(client, project, db):
+    from dashboard.accounts.services import apikey_create, apikey_revoke
+
+    key, text = apikey_create(project=project)
+    apikey_revoke(key=key)
+    for auth in ({}, {"HTTP_AUTHORIZATION": "Bearer po_nope"}, {"HTTP_AUTHORIZATION": f"Bearer {text}"}):
+        assert put(client, auth).status_code == 401
+    assert Artifact.objects.count() == 0
+
+
+def test_it_keeps_artifacts_of_two_projects_apart(client, auth, other_auth, project, other_project):
+    put(client, auth)
+    # the other project can store its own artifact under the same id, not overwrite ours
+    assert put(client, other_auth, b"theirs").status_code == 201
+    mine = Artifact.objects.get(project=project)
+    with mine.file.open("rb") as handle:
+        assert handle.read() == DATA
+
+
+def test_it_links_an_artifact_to_the_tool_execution_that_names_it(client, auth, records, project,
+                                                                   django_capture_on_commit_callbacks):
+    from dashboard.observatory.models import ToolExecution
+
+    import json
+
+    record = records.tool_result(result={"artifact_id": ARTIFACT_ID, "data_size_bytes": len(DATA)})
+    with django_capture_on_commit_callbacks(execute=True):
+        client.generic("POST", "/api/v1/records", json.dumps({"records": [record]}), content_type="application/json", **auth)
+        put(client, auth)
+    artifact = Artifact.objects.get()
+    assert artifact.tool_execution == ToolExecution.objects.get()
+    assert artifact.conversation.external_id == "conv-1"

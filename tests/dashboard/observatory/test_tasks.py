@@ -1,0 +1,233 @@
+"""The derivation tasks: each recomputes from rows, so running it twice gives the
+same result, and its aggregates equal a recomputation from the rows."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from django.db.models import Model
+from django.forms.models import model_to_dict
+
+from dashboard.observatory import tasks
+from dashboard.observatory.histogram import histogram_of
+from dashboard.observatory.models import (
+    Artifact,
+    Conversation,
+    Message,
+    Round,
+    Span,
+    ToolExecution,
+    ToolHourlyRollup,
+)
+from dashboard.observatory.services import hour_of, records_store, retention_purge
+from pipeline import parse_record
+
+pytestmark = pytest.mark.django_db
+
+
+def store(project, batch):
+    return records_store(project=project, records=[parse_record(item) for item in batch])
+
+
+def snapshot(rows: list[Model], exclude=("updated_at", "totals_updated_at")) -> list[dict]:
+    return [{k: v for k, v in model_to_dict(row).items() if k not in exclude} for row in rows]
+
+
+def span(project, *, trace="a" * 32, span_id="b" * 16, start=None, duration_ms=5.0, **fields):
+    start = start or datetime.now(timezone.utc) - timedelta(minutes=5)
+    return Span.objects.create(
+        project=project, trace_id=trace, span_id=span_id, name=fields.pop("name", "tool"),
+        start_time=start, end_time=start + timedelta(milliseconds=duration_ms), duration_ms=duration_ms, **fields,
+    )
+
+
+# --- conversation totals --------------------------------------------------------------
+
+def test_it_recomputes_conversation_totals_from_rows(project, records):
+    outcome = store(project, [
+        records.round(index=0, model="gpt-4o", user_id="u1", input_tokens=100, output_tokens=10, context_tokens=900),
+        records.round(index=1, model="gpt-4o", user_id="u1", input_tokens=200, output_tokens=20,
+                      context_tokens=1500, status="error"),
+        records.message(index=0, content="  What   were sales\nin March?  "),
+        records.message(index=1, role="assistant", content="Let me look."),
+        records.tool_result(), records.tool_result(success=False, result={"retry_count": 2}),
+        records.compression(), records.skill(success=False, error="boom"),
+    ])
+    tasks.conversation_totals_refresh(sorted(outcome.conversation_ids))
+    conversation = Conversation.objects.get()
+    assert (conversation.rounds, conversation.messages, conversation.tool_calls) == (2, 2, 2)
+    assert (conversation.input_tokens, conversation.output_tokens, conversation.max_context_tokens) == (300, 30, 1500)
+    assert (conversation.errors, conversation.retries, conversation.compressions) == (3, 2, 1)  # round + tool + skill
+    assert conversation.has_errors and conversation.status == "error"
+    assert (conversation.title, conversation.model, conversation.user_id) == ("What were sales in March?", "gpt-4o", "u1")
+
+
+def test_it_gives_the_same_totals_when_run_twice(project, records):
+    outcome = store(project, [records.round(), records.message(), records.tool_result()])
+    ids = sorted(outcome.conversation_ids)
+    tasks.conversation_totals_refresh(ids)
+    first = snapshot(list(Conversation.objects.all()) + list(Round.objects.all()))
+    tasks.conversation_totals_refresh(ids)
+    assert snapshot(list(Conversation.objects.all()) + list(Round.objects.all())) == first
+
+
+def test_it_derives_context_tokens_per_round_from_messages_when_not_reported(project, records):
+    outcome = store(project, [
+        records.round(index=0), records.round(index=1), records.round(index=2, context_tokens=5000),
+        records.message(index=0, round_id="r0", tokens=100), records.message(index=1, round_id="r0", tokens=50),
+        records.message(index=2, round_id="r1", tokens=70),
+        records.tool_result(round_id="r1"), records.tool_result(round_id="r1", success=False),
+    ])
+    tasks.conversation_totals_refresh(sorted(outcome.conversation_ids))
+    rounds = list(Round.objects.order_by("index").values_list("derived_context_tokens", "tool_call_count", "error_count"))
+    assert rounds == [(150, 0, 0), (220, 2, 1), (5000, 0, 0)]
+
+
+# --- hourly tool rollups ----------------------------------------------------------------
+
+def expected_rollups(project) -> dict[tuple[str, datetime], dict]:
+    """The rollups recomputed in Python straight from the tool execution rows."""
+    expected: dict = {}
+    for row in ToolExecution.objects.filter(project=project):
+        key = (row.tool_name, hour_of(row.occurred_at))
+        entry = expected.setdefault(key, {"calls": 0, "successes": 0, "errors": 0, "retries": 0, "timeouts": 0,
+                                          "cache_hits": 0, "duration_sum_ms": 0.0, "durations": [],
+                                          "error_types": Counter(), "brief_tokens": 0, "brief_count": 0})
+        entry["calls"] += 1
+        entry["successes" if row.success else "errors"] += 1
+        entry["retries"] += row.retry_count
+        entry["timeouts"] += (not row.success and row.error_type == "timeout")
+        entry["cache_hits"] += row.cache_hit
+        entry["duration_sum_ms"] += row.duration_ms
+        entry["durations"].append(row.duration_ms)
+        if not row.success:
+            entry["error_types"][row.error_type or "unknown"] += 1
+        if row.output_level == "brief":
+            entry["brief_tokens"] += row.observation_tokens
+            entry["brief_count"] += 1
+    return expected
+
+
+def test_it_matches_rollups_to_a_recomputation_from_rows(project, records):
+    rng = random.Random(7)
+    base = records.now - timedelta(hours=3)
+    batch = []
+    for i in range(300):
+        success = rng.random() > 0.2
+        batch.append(records.tool_result(
+            tool=rng.choice(["query_sales", "read_file", "chart"]), success=success,
+            duration_ms=rng.choice([0.3, 4.0, 55.0, 1200.0, 900_000.0]),
+            at=base + timedelta(minutes=rng.randrange(0, 240)),
+            result={"retry_count": rng.randrange(0, 3), "cache_hit": rng.random() > 0.7,
+                    "output_level": rng.choice(["brief", "standard", "full"]),
+                    "observation_tokens": rng.randrange(0, 500),
+                    **({} if success else {"error_type": rng.choice(["timeout", "not_found", ""])})},
+        ))
+    outcome = store(project, batch)
+    tasks.tool_rollups_refresh(project.pk, sorted(h.isoformat() for h in outcome.tool_hours))
+    expected = expected_rollups(project)
+    rollups = {(r.tool_name, r.hour): r for r in ToolHourlyRollup.objects.filter(project=project)}
+    assert set(rollups) == set(expected)
+    for key, want in expected.items():
+        got = rollups[key]
+        for name in ("calls", "successes", "errors", "retries", "timeouts", "cache_hits", "brief_tokens", "brief_count"):
+            assert getattr(got, name) == want[name], (key, name)
+        assert got.duration_sum_ms == pytest.approx(want["duration_sum_ms"])
+        assert got.latency_histogram == histogram_of(want["durations"])
+        assert got.error_types == dict(want["error_types"])
+
+
+def test_it_gives_the_same_rollups_when_run_twice_and_drops_stale_ones(project, records):
+    outcome = store(project, [records.tool_result(tool="a"), records.tool_result(tool="b")])
+    hours = sorted(h.isoformat() for h in outcome.tool_hours)
+    tasks.tool_rollups_refresh(project.pk, hours)
+    first = snapshot(list(ToolHourlyRollup.objects.order_by("tool_name")))
+    tasks.tool_rollups_refresh(project.pk, hours)
+    assert snapshot(list(ToolHourlyRollup.objects.order_by("tool_name"))) == first
+    ToolExecution.objects.filter(tool_name="b").delete()
+    tasks.tool_rollups_refresh(project.pk, hours)
+    assert list(ToolHourlyRollup.objects.values_list("tool_name", flat=True)) == ["a"]
+
+
+def test_it_counts_tool_spans_that_no_record_describes(project, records):
+    store(project, [records.tool_result(tool="query_sales", result={"tool_call_id": "call_known"})])
+    at = records.now
+    span(project, span_id="1" * 16, tool_name="query_sales", tool_call_id="call_known", start=at)  # described
+    span(project, span_id="2" * 16, tool_name="web_search", tool_call_id="call_x", start=at, duration_ms=30.0,
+         status_code=2, attributes={"error.type": "timeout", "ba.retry_count": 1})
+    tasks.tool_rollups_refresh(project.pk, [hour_of(at).isoformat()])
+    rollups = {r.tool_name: r for r in ToolHourlyRollup.objects.all()}
+    assert rollups["query_sales"].calls == 1
+    web = rollups["web_search"]
+    assert (web.calls, web.errors, web.timeouts, web.retries, web.error_types) == (1, 1, 1, 1, {"timeout": 1})
+
+
+# --- links --------------------------------------------------------------------------------
+
+def test_it_links_tool_executions_and_spans_by_tool_call_id(project, records):
+    store(project, [records.tool_result(result={"tool_call_id": "call_42"})])
+    linked = span(project, tool_name="query_sales", tool_call_id="call_42")
+    first = tasks.links_refresh(project.pk)
+    execution = ToolExecution.objects.get()
+    assert execution.linked_span == linked and execution.trace_id == "a" * 32
+    assert Span.objects.get().conversation == execution.conversation
+    again = tasks.links_refresh(project.pk)
+    assert first["tool_executions"] == 1 and again["tool_executions"] == 0 and again["spans"] == 0
+
+
+def test_it_links_spans_to_conversations_by_attribute_and_by_trace(project, records):
+    span(project, span_id="1" * 16, attributes={"gen_ai.conversation.id": "from-span"})
+    span(project, span_id="2" * 16, name="http")  # same trace, no attributes
+    span(project, trace="c" * 32, span_id="3" * 16, attributes={"session.id": "sess-9"})
+    tasks.links_refresh(project.pk)
+    by_span = {s.span_id: s.conversation.external_id for s in Span.objects.select_related("conversation")}
+    assert by_span == {"1" * 16: "from-span", "2" * 16: "from-span", "3" * 16: "sess-9"}
+    conversation = Conversation.objects.get(external_id="from-span")
+    assert conversation.totals_updated_at is not None  # totals refreshed for span-born conversations
+    before = Conversation.objects.count()
+    tasks.links_refresh(project.pk)
+    assert Conversation.objects.count() == before
+
+
+def test_it_never_links_across_projects(project, other_project, records):
+    store(project, [records.tool_result(result={"tool_call_id": "call_shared"})])
+    span(other_project, tool_name="t", tool_call_id="call_shared", attributes={"gen_ai.conversation.id": "conv-1"})
+    tasks.links_refresh(project.pk)
+    tasks.links_refresh(other_project.pk)
+    assert ToolExecution.objects.get().linked_span is None
+    assert Span.objects.get().conversation.project == other_project
+
+
+# --- retention ------------------------------------------------------------------------------
+
+def test_it_purges_past_retention_and_nothing_more_on_a_second_run(project, records, settings, _test_settings):
+    from dashboard.observatory.services import artifact_store
+    import hashlib
+    import io
+
+    old = datetime.now(timezone.utc) - timedelta(days=400)
+    store(project, [records.message(conversation="old", at=old), records.message(conversation="new")])
+    tasks.conversation_totals_refresh(list(Conversation.objects.values_list("pk", flat=True)))
+    span(project, span_id="1" * 16, start=old)
+    span(project, span_id="2" * 16)
+    data = b"old bytes"
+    outcome = artifact_store(project=project, artifact_id="artifact_" + "0" * 16, stream=io.BytesIO(data),
+                             sha256=hashlib.sha256(data).hexdigest(), content_type="text/plain", max_bytes=100)
+    Artifact.objects.filter(pk=outcome.artifact.pk).update(expires_at=old)
+    first = retention_purge(project=project)
+    assert (first.spans, first.conversations, first.artifacts) == (1, 1, 1)
+    assert list(Conversation.objects.values_list("external_id", flat=True)) == ["new"]
+    assert Message.objects.count() == 1 and Span.objects.count() == 1
+    assert [p for p in _test_settings.rglob("*") if p.is_file()] == []
+    second = retention_purge(project=project)
+    assert (second.spans, second.records, second.conversations, second.artifacts) == (0, 0, 0, 0)
+
+
+def test_it_runs_the_beat_tasks_over_all_projects(project, records):
+    store(project, [records.tool_result()])
+    assert tasks.rollup_recent_hours(hours_back=3) == 1
+    assert tasks.rollup_recent_hours(hours_back=3) == 1
+    assert tasks.purge_expired() == {"spans": 0, "records": 0, "conversations": 0, "artifacts": 0}
