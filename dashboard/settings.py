@@ -136,6 +136,10 @@ OBSERVATORY_RETENTION_ARTIFACT_DAYS = env.env_int(
 CELERY_BROKER_URL = env.env_str("CELERY_BROKER_URL")
 CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
 CELERY_TASK_EAGER_PROPAGATES = True
+# With no broker, derivations run on one background thread per process that merges
+# what ingest batches touched (dashboard/observatory/dispatch.py); under tests, inline.
+OBSERVATORY_DERIVE_DELAY_MS = env.env_int("OBSERVATORY_DERIVE_DELAY_MS", 500, minimum=0)
+OBSERVATORY_DERIVE_INLINE = env.env_bool("OBSERVATORY_DERIVE_INLINE", env.running_tests())
 CELERY_RESULT_BACKEND = env.env_str("CELERY_RESULT_BACKEND") or None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True

@@ -352,17 +352,15 @@ def derivations_enqueue(
     """After the current transaction commits, run the derivation tasks for what a
     write touched: conversation totals, hourly tool rollups, links between spans
     and records. The OTLP span ingest calls it too (with the hours of tool spans)."""
-    from . import tasks
+    from .dispatch import derive
 
     conversation_list = sorted(set(conversation_ids))
     hour_list = sorted({hour_of(hour).isoformat() for hour in hours})
+    if not conversation_list and not hour_list:
+        return
 
     def enqueue() -> None:
-        if conversation_list:
-            tasks.links_refresh.delay(project_id, conversation_list)
-            tasks.conversation_totals_refresh.delay(conversation_list)
-        if hour_list:
-            tasks.tool_rollups_refresh.delay(project_id, hour_list)
+        derive(project_id, conversation_list, hour_list)
 
     # robust: the batch is committed; a failing enqueue (broker down, an eager task
     # error) is logged and left to the hourly beat, never turned into a 500.

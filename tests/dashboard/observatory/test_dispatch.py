@@ -1,0 +1,73 @@
+"""The in-process derivation runner used when no broker is configured."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dashboard.observatory import dispatch
+from dashboard.observatory.models import Conversation, ToolHourlyRollup
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the runner's thread has its own connection
+
+
+@pytest.fixture
+def background(settings):
+    """Ingest as the embedded default does outside tests: no broker, not inline."""
+    settings.OBSERVATORY_DERIVE_INLINE = False
+    settings.OBSERVATORY_DERIVE_DELAY_MS = 50
+    dispatch._runner = None
+    yield
+    if dispatch._runner is not None:
+        dispatch._runner.stop()
+    dispatch._runner = None
+
+
+def post(client, auth, batch):
+    return client.post("/api/v1/records", json.dumps({"records": batch}), content_type="application/json", **auth)
+
+
+def test_it_answers_before_deriving_and_derives_after_a_flush(client, auth, records, background):
+    response = post(client, auth, [records.round(), records.message(), records.tool_result(), records.tool_result(success=False)])
+    assert response.status_code == 200
+    assert dispatch.runner().flush(timeout=20)
+    conversation = Conversation.objects.get()
+    assert (conversation.rounds, conversation.messages, conversation.tool_calls, conversation.errors) == (1, 1, 2, 1)
+    rollup = ToolHourlyRollup.objects.get()
+    assert (rollup.calls, rollup.errors) == (2, 1)
+
+
+def test_it_merges_a_burst_of_batches_into_the_same_rows_as_inline(client, auth, records, background, settings):
+    for i in range(20):
+        post(client, auth, [records.tool_result(conversation=f"c{i % 3}"), records.message(conversation=f"c{i % 3}", index=i)])
+    assert dispatch.runner().flush(timeout=20)
+    background_rows = sorted(Conversation.objects.values_list("external_id", "tool_calls", "messages"))
+    background_rollup = list(ToolHourlyRollup.objects.values_list("tool_name", "calls"))
+
+    from dashboard.observatory import tasks
+
+    tasks.conversation_totals_refresh(list(Conversation.objects.values_list("pk", flat=True)))
+    assert sorted(Conversation.objects.values_list("external_id", "tool_calls", "messages")) == background_rows
+    assert background_rows == [("c0", 7, 7), ("c1", 7, 7), ("c2", 6, 6)]
+    assert background_rollup == [("query_sales", 20)]
+
+
+def test_it_keeps_running_after_a_failing_pass(client, auth, records, background, monkeypatch):
+    from dashboard.observatory import tasks
+
+    calls = {"n": 0}
+    real = tasks.conversation_totals_refresh
+
+    def flaky(ids):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("database went away")
+        return real(ids)
+
+    monkeypatch.setattr(tasks, "conversation_totals_refresh", flaky)
+    post(client, auth, [records.message()])
+    assert dispatch.runner().flush(timeout=20)
+    post(client, auth, [records.message(index=1)])
+    assert dispatch.runner().flush(timeout=20)
+    assert Conversation.objects.get().messages == 2
