@@ -1,0 +1,456 @@
+"""Ingest throughput under gunicorn: OTLP spans (POST /v1/traces) and records
+(POST /api/v1/records), on SQLite and on a private PostgreSQL.
+
+    .venv/bin/python -m benchmarks.bench_ingest --db both --batches 100
+
+For each database it makes a fresh data dir (and for PostgreSQL its own cluster
+under a temp dir, run as user postgres, stopped at the end), migrates, creates a
+project and a key, starts gunicorn on 127.0.0.1 on a free port, and sends
+pre-built batches from a few client threads: OTLP protobuf batches of 1,000 spans
+(about 600 bytes, 10 attributes each) and JSON batches of ToolResultRecords. A
+throughput is the count of rows found in the database at the end (so only stored
+rows count) over the time until the last batch was acknowledged. The server's
+peak memory is the sum of VmHWM over the gunicorn master and its workers.
+
+Targets on the 2-core machine: >= 20,000 spans/s, >= 10,000 records/s, RSS < 300 MB.
+Bounded: every request has a timeout, the run has a deadline, and every process
+started here is stopped (also on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import queue
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+GUNICORN = str(Path(PYTHON).with_name("gunicorn"))
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+SPANS_PER_BATCH = 1000
+REQUEST_TIMEOUT = 60  # seconds, one request
+RUN_DEADLINE = 600  # seconds, one phase
+
+
+@dataclass
+class Phase:
+    name: str
+    sent: int
+    stored: int
+    seconds: float
+    retries: int
+    failures: int
+
+    @property
+    def per_second(self) -> float:
+        return self.stored / self.seconds if self.seconds else 0.0
+
+
+# --- payloads -------------------------------------------------------------------
+
+
+def span_batches(count: int, *, genai_every: int) -> list[bytes]:
+    """OTLP protobuf batches of SPANS_PER_BATCH spans, ~600 bytes and 10 attributes each.
+
+    One span in ``genai_every`` carries GenAI attributes (conversation, tool, tokens),
+    as the tool and LLM spans of an agent do; 0 means none does.
+    """
+    bodies = []
+    start = time.time_ns()
+    for batch in range(count):
+        request = ExportTraceServiceRequest()
+        resource_spans = request.resource_spans.add()
+        for key, value in (("service.name", "bench-agent"), ("service.version", "1.4.2"), ("host.name", "bench-1")):
+            resource_spans.resource.attributes.add(key=key, value=AnyValue(string_value=value))
+        scope_spans = resource_spans.scope_spans.add()
+        scope_spans.scope.name = "pipeline"
+        trace_id = os.urandom(16)
+        for index in range(SPANS_PER_BATCH):
+            if index % 20 == 0:
+                trace_id = os.urandom(16)
+            span = scope_spans.spans.add()
+            span.trace_id = trace_id
+            span.span_id = os.urandom(8)
+            span.parent_span_id = os.urandom(8)
+            span.name = f"execute_tool search_orders_{index % 7}"
+            span.kind = 1
+            span.start_time_unix_nano = start + (batch * SPANS_PER_BATCH + index) * 1_000_000
+            span.end_time_unix_nano = span.start_time_unix_nano + 3_500_000
+            attributes = span.attributes
+            genai = genai_every and index % genai_every == 0
+            if genai:
+                attributes.add(key="gen_ai.conversation.id", value=AnyValue(string_value=f"conv-{batch}-{index % 5}"))
+                attributes.add(key="gen_ai.tool.name", value=AnyValue(string_value=f"search_orders_{index % 7}"))
+                attributes.add(key="gen_ai.tool.call.id", value=AnyValue(string_value=f"call_{uuid.uuid4().hex}"))
+                attributes.add(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=1200 + index))
+            else:
+                attributes.add(key="code.function", value=AnyValue(string_value="pipeline.executor.run_tool"))
+                attributes.add(key="code.filepath", value=AnyValue(string_value="pipeline/_executor.py"))
+                attributes.add(key="thread.name", value=AnyValue(string_value="MainThread"))
+                attributes.add(key="code.lineno", value=AnyValue(int_value=120 + index % 50))
+            attributes.add(key="ba.output_level", value=AnyValue(string_value=("brief", "standard", "full")[index % 3]))
+            attributes.add(key="ba.retry_count", value=AnyValue(int_value=index % 3))
+            attributes.add(key="ba.cache_hit", value=AnyValue(bool_value=index % 4 == 0))
+            attributes.add(key="ba.observation_tokens", value=AnyValue(int_value=300 + index % 900))
+            attributes.add(key="ba.data_summary", value=AnyValue(string_value="orders for customer 4711, 2024-Q3: " + "x" * 120))
+            attributes.add(key="ba.duration_ratio", value=AnyValue(double_value=0.25 + index / 10_000))
+        bodies.append(request.SerializeToString())
+    return bodies
+
+
+def record_batches(count: int, size: int) -> list[bytes]:
+    """JSON bodies of ToolResultRecords, as the pipeline's RecordExporter sends them."""
+    from pipeline import ToolExecutionResult, ToolResultRecord
+
+    bodies = []
+    for batch in range(count):
+        records = []
+        for index in range(size):
+            record = ToolResultRecord(
+                conversation_id=f"rec-conv-{batch}-{index % 10}",
+                tool_name=f"search_orders_{index % 7}",
+                parameters={"customer": 4711, "quarter": "2024-Q3"},
+                model="gpt-4o",
+                result=ToolExecutionResult(
+                    tool_call_id=f"call_{uuid.uuid4().hex}",
+                    observation="Found 12 orders; total 4,210.00 EUR. " + "y" * 100,
+                    success=index % 10 != 0,
+                    error_type=None if index % 10 else "timeout",
+                    retry_count=index % 3,
+                    duration_ms=35.0 + index % 100,
+                    observation_tokens=60,
+                ),
+            )
+            records.append(record.model_dump(mode="json"))
+        bodies.append(json.dumps({"records": records}).encode())
+    return bodies
+
+
+# --- processes ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [PYTHON, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    if done.returncode:
+        raise SystemExit(f"manage.py {' '.join(args)} failed:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def create_project_and_key(env: dict[str, str]) -> str:
+    code = (
+        "from dashboard.accounts.services import project_create, apikey_create\n"
+        "project = project_create(name='bench')\n"
+        "print(apikey_create(project=project)[1])\n"
+    )
+    return manage(env, "shell", "-c", code).strip().splitlines()[-1]
+
+
+@contextmanager
+def private_postgres(workdir: Path) -> Iterator[str]:
+    """A throwaway PostgreSQL cluster owned by user postgres; yields its DATABASE_URL."""
+    data = workdir / "pg"
+    data.mkdir()
+    shutil.chown(workdir, "postgres")
+    shutil.chown(data, "postgres")
+    run_as = ["runuser", "-u", "postgres", "--"]
+    subprocess.run([*run_as, str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-E", "UTF8"], check=True, capture_output=True, timeout=120)
+    port = free_port()
+    options = f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c max_connections=50"
+    subprocess.run(
+        [*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(data / "log"), "-w", "start"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    try:
+        yield f"postgres://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True, timeout=120
+        )
+
+
+@contextmanager
+def gunicorn(env: dict[str, str], port: int, *, workers: int, worker_class: str, threads: int) -> Iterator[subprocess.Popen]:
+    command = [
+        GUNICORN,
+        "dashboard.wsgi:application",
+        "--bind", f"127.0.0.1:{port}",
+        "--workers", str(workers),
+        "--worker-class", worker_class,
+        "--threads", str(threads),
+        "--timeout", "120",
+        "--log-level", "warning",
+    ]
+    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if server.poll() is not None:
+                raise SystemExit(f"gunicorn exited: {server.stderr.read()[-2000:]}")
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                connection.request("GET", "/v1/traces")
+                connection.getresponse().read()
+                connection.close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("gunicorn did not start within 60 s")
+                time.sleep(0.2)
+        yield server
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def process_tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                children = Path(f"/proc/{current}/task/{task}/children").read_text().split()
+                todo.extend(int(child) for child in children)
+        except OSError:
+            continue
+    return pids
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes (and their reaped children)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    return total / ticks
+
+
+def peak_rss_kib(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
+# --- load -----------------------------------------------------------------------
+
+
+def send_all(port: int, path: str, content_type: str, key: str, bodies: list[bytes], clients: int) -> tuple[float, int, int]:
+    """Send every body from ``clients`` threads over keep-alive connections.
+
+    429/503 are retried after their Retry-After, as an OTLP exporter does.
+    Returns (seconds until the last acknowledgement, retries, failures).
+    """
+    work: queue.Queue[bytes] = queue.Queue()
+    for body in bodies:
+        work.put(body)
+    counters: dict[str, int] = {"retries": 0, "failures": 0}
+    first_failure: list[str] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + RUN_DEADLINE
+    headers = {"Content-Type": content_type, "Authorization": f"Bearer {key}"}
+
+    def client() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT)
+        while time.monotonic() < deadline:
+            try:
+                body = work.get_nowait()
+            except queue.Empty:
+                break
+            while time.monotonic() < deadline:
+                try:
+                    connection.request("POST", path, body=body, headers=headers)
+                    response = connection.getresponse()
+                    response.content = response.read()  # type: ignore[attr-defined]
+                except (OSError, http.client.HTTPException):
+                    connection.close()
+                    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT)
+                    with lock:
+                        counters["retries"] += 1
+                    continue
+                if response.status in (429, 503):
+                    with lock:
+                        counters["retries"] += 1
+                    time.sleep(float(response.getheader("Retry-After", "1")))
+                    continue
+                if response.status != 200:
+                    with lock:
+                        counters["failures"] += 1
+                        if not first_failure:
+                            first_failure.append(f"{path}: HTTP {response.status} {body_text(response)}")
+                break
+        connection.close()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if first_failure:
+        print(f"  first failure: {first_failure[0]}", flush=True)
+    return time.perf_counter() - started, counters["retries"], counters["failures"]
+
+
+def body_text(response: http.client.HTTPResponse) -> str:
+    return response.content[:200].decode("utf-8", "replace")  # type: ignore[attr-defined]
+
+
+def count_rows(env: dict[str, str]) -> tuple[int, int]:
+    code = (
+        "from dashboard.observatory.models import Span, ToolExecution\n"
+        "print(Span.objects.count(), ToolExecution.objects.count())\n"
+    )
+    spans, records = manage(env, "shell", "-c", code).strip().splitlines()[-1].split()
+    return int(spans), int(records)
+
+
+def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list[bytes]) -> dict[str, object]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-ingest-{db}-"))
+    try:
+        env = {
+            **os.environ,
+            "OBSERVATORY_DATA_DIR": str(workdir / "data"),
+            "SECRET_KEY": secrets.token_urlsafe(48),
+            "DEBUG": "0",
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+        }
+        env.pop("CELERY_BROKER_URL", None)  # the embedded default: eager tasks
+        with (private_postgres(workdir) if db == "postgres" else _nothing()) as database_url:
+            if database_url:
+                env["DATABASE_URL"] = database_url
+            else:
+                env.pop("DATABASE_URL", None)
+            manage(env, "migrate", "--noinput")
+            key = create_project_and_key(env)
+            port = free_port()
+            with gunicorn(env, port, workers=args.workers, worker_class=args.worker_class, threads=args.threads) as server:
+                # Records first, then spans: each path on a database the other
+                # barely touched (the records' eager link task scans recent
+                # unlinked spans, so after a span run it would measure that scan).
+                cpu_before = cpu_seconds(process_tree(server.pid))
+                record_seconds, record_retries, record_failures = send_all(
+                    port, "/api/v1/records", "application/json", key, records, args.clients
+                )
+                record_rss_kib = peak_rss_kib(process_tree(server.pid))
+                cpu_middle = cpu_seconds(process_tree(server.pid))
+                span_seconds, span_retries, span_failures = send_all(
+                    port, "/v1/traces", "application/x-protobuf", key, spans, args.clients
+                )
+                rss_kib = peak_rss_kib(process_tree(server.pid))
+                cpu_after = cpu_seconds(process_tree(server.pid))
+            stored_spans, stored_records = count_rows(env)
+        return {
+            "db": db,
+            "spans": Phase("spans", len(spans) * SPANS_PER_BATCH, stored_spans, span_seconds, span_retries, span_failures),
+            "records": Phase("records", len(records) * args.records_per_batch, stored_records, record_seconds, record_retries, record_failures),
+            "record_rss_mb": record_rss_kib / 1024,
+            "record_cpu": cpu_middle - cpu_before,
+            "span_cpu": cpu_after - cpu_middle,
+            "rss_mb": rss_kib / 1024,
+        }
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextmanager
+def _nothing() -> Iterator[str]:
+    yield ""
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
+    parser.add_argument("--batches", type=int, default=60, help="OTLP batches of 1,000 spans")
+    parser.add_argument("--record-batches", type=int, default=20)
+    parser.add_argument("--records-per-batch", type=int, default=500)
+    parser.add_argument("--genai-every", type=int, default=0, help="one span in N has GenAI attributes (0: none)")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--worker-class", choices=["sync", "gthread"], default="sync")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    print(f"building {args.batches} span batches and {args.record_batches} record batches ...", flush=True)
+    spans = span_batches(args.batches, genai_every=args.genai_every)
+    records = record_batches(args.record_batches, args.records_per_batch)
+    if spans:
+        print(f"span batch {len(spans[0]) / 1024:.0f} KiB ({len(spans[0]) / SPANS_PER_BATCH:.0f} B/span)", flush=True)
+    if records:
+        print(f"record batch {len(records[0]) / 1024:.0f} KiB ({args.records_per_batch} records)", flush=True)
+
+    results = []
+    for db in (["sqlite", "postgres"] if args.db == "both" else [args.db]):
+        print(f"running {db} ...", flush=True)
+        results.append(run_one(db, args, spans, records))
+
+    print()
+    print(f"gunicorn: {args.workers} workers, {args.worker_class}"
+          + (f" x {args.threads} threads" if args.worker_class == "gthread" else "")
+          + f", {args.clients} client threads, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"{'db':<9} {'path':<8} {'sent':>8} {'stored':>8} {'seconds':>8} {'rows/s':>9} "
+          f"{'rows/cpu-s':>10} {'retries':>8} {'fails':>6} {'peak RSS':>9}")
+    for result in results:
+        # Peak RSS is cumulative: after the records phase, then after both.
+        # rows/cpu-s: rows per CPU second of gunicorn (master + workers), which
+        # leaves out the database server, the client and other load.
+        for phase, rss, cpu in (
+            (result["records"], result["record_rss_mb"], result["record_cpu"]),
+            (result["spans"], result["rss_mb"], result["span_cpu"]),
+        ):
+            print(
+                f"{result['db']:<9} {phase.name:<8} {phase.sent:>8} {phase.stored:>8} {phase.seconds:>8.2f} "
+                f"{phase.per_second:>9.0f} {phase.stored / cpu if cpu else 0:>10.0f} {phase.retries:>8} "
+                f"{phase.failures:>6} {rss:>7.0f}MB"
+            )
+    print("targets: spans >= 20,000/s, records >= 10,000/s, peak RSS < 300 MB (master + workers)")
+    print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (other work on the machine slows every figure)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,525 @@
+"""POST /v1/traces: storing, linking, and every refusal (short 4xx, nothing half-stored)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import uuid
+
+import pytest
+from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from dashboard.accounts.services import apikey_create, apikey_revoke, project_create
+from dashboard.ingest import common, spans as spans_module
+from dashboard.ingest.otlp import MAX_SPANS, MAX_VALUE_CHARS, TRUNCATION_MARKER
+from dashboard.ingest.spans import TRUNCATED_KEY
+from dashboard.observatory.models import Conversation, Span, ToolExecution
+
+pytestmark = pytest.mark.django_db
+
+URL = "/v1/traces"
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+START = 1_700_000_000_000_000_000
+
+
+@pytest.fixture
+def project_key():
+    project = project_create(name="Agents")
+    _, key = apikey_create(project=project)
+    return project, key
+
+
+@pytest.fixture
+def project(project_key):
+    return project_key[0]
+
+
+@pytest.fixture
+def auth(project_key):
+    return {"Authorization": f"Bearer {project_key[1]}"}
+
+
+def make_request(
+    count: int = 3,
+    *,
+    attributes: dict[str, AnyValue] | None = None,
+    resource: dict[str, AnyValue] | None = None,
+    trace_id: bytes | None = None,
+) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.attributes.add(key="service.name", value=AnyValue(string_value="agent"))
+    for key, value in (resource or {}).items():
+        resource_spans.resource.attributes.add(key=key, value=value)
+    scope_spans = resource_spans.scope_spans.add()
+    trace_id = trace_id or os.urandom(16)
+    for index in range(count):
+        span = scope_spans.spans.add()
+        span.trace_id = trace_id
+        span.span_id = (index + 1).to_bytes(8, "big")
+        span.name = f"step {index}"
+        span.kind = 1
+        span.start_time_unix_nano = START + index * 1_000_000
+        span.end_time_unix_nano = START + index * 1_000_000 + 250_000_000
+        for key, value in (attributes or {}).items():
+            span.attributes.add(key=key, value=value)
+    return request
+
+
+def post(client, body: bytes, headers: dict, content_type: str = PROTOBUF, **extra):
+    return client.post(URL, data=body, content_type=content_type, headers={**headers, **extra})
+
+
+def status_of(response) -> status_pb2.Status:
+    assert response["Content-Type"] == PROTOBUF
+    return status_pb2.Status.FromString(response.content)
+
+
+def genai(**values: str | int) -> dict[str, AnyValue]:
+    out = {}
+    for key, value in values.items():
+        key = key.replace("__", ".")
+        out[key] = AnyValue(int_value=value) if isinstance(value, int) else AnyValue(string_value=value)
+    return out
+
+
+def store_tool_execution(project, tool_call_id: str) -> ToolExecution:
+    """A tool execution as the records API stores it (the record came first)."""
+    conversation, _ = Conversation.objects.get_or_create(project=project, external_id="conv-1")
+    return ToolExecution.objects.create(
+        record_id=uuid.uuid4(),
+        project=project,
+        conversation=conversation,
+        occurred_at=timezone.now(),
+        tool_name="search",
+        tool_call_id=tool_call_id,
+        output_level="standard",
+        success=True,
+    )
+
+
+# --- storing --------------------------------------------------------------------
+
+
+def test_it_stores_a_protobuf_batch_and_answers_in_protobuf(client, auth, project):
+    request = make_request(3, attributes={"ba.output_level": AnyValue(string_value="brief")})
+    response = post(client, request.SerializeToString(), auth)
+    assert response.status_code == 200
+    assert response["Content-Type"] == PROTOBUF
+    assert not ExportTraceServiceResponse.FromString(response.content).HasField("partial_success")
+    rows = list(Span.objects.filter(project=project).order_by("span_id"))
+    assert [row.span_id for row in rows] == ["0000000000000001", "0000000000000002", "0000000000000003"]
+    first = rows[0]
+    assert first.trace_id == request.resource_spans[0].scope_spans[0].spans[0].trace_id.hex()
+    assert (first.name, first.kind, first.service_name, first.parent_span_id) == ("step 0", 1, "agent", "")
+    assert first.start_time.timestamp() == START / 1e9
+    assert first.duration_ms == 250.0
+    assert first.attributes == {"ba.output_level": "brief"}
+    assert first.resource == {"service.name": "agent"}
+    assert first.events == []
+    assert first.conversation is None
+
+
+def test_it_stores_a_json_batch_and_answers_in_json(client, auth, project):
+    body = json.dumps(
+        {
+            "resourceSpans": [
+                {
+                    "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "js"}}]},
+                    "scopeSpans": [
+                        {
+                            "spans": [
+                                {
+                                    "traceId": "5b8efff798038103d269b633813fc60c",
+                                    "spanId": "eee19b7ec3c1b174",
+                                    "parentSpanId": "eee19b7ec3c1b173",
+                                    "name": "I'm a server span",
+                                    "startTimeUnixNano": "1544712660000000000",
+                                    "endTimeUnixNano": "1544712661000000000",
+                                    "kind": 2,
+                                    "status": {"code": 2, "message": "failed"},
+                                    "events": [{"name": "exception", "timeUnixNano": "1544712660500000000"}],
+                                    "attributes": [{"key": "my.count", "value": {"intValue": "42"}}],
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ]
+        }
+    ).encode()
+    response = post(client, body, auth, content_type=JSON)
+    assert response.status_code == 200
+    assert response["Content-Type"] == JSON
+    assert json.loads(response.content) == {}
+    row = Span.objects.get(project=project)
+    assert (row.trace_id, row.span_id, row.parent_span_id) == (
+        "5b8efff798038103d269b633813fc60c",
+        "eee19b7ec3c1b174",
+        "eee19b7ec3c1b173",
+    )
+    assert (row.kind, row.status_code, row.status_message, row.duration_ms) == (2, 2, "failed", 1000.0)
+    assert row.attributes == {"my.count": 42}
+    assert row.events == [{"name": "exception", "time_unix_nano": 1544712660500000000, "attributes": {}}]
+
+
+def test_it_accepts_a_gzipped_body(client, auth, project):
+    body = gzip.compress(make_request(5).SerializeToString())
+    response = post(client, body, auth, **{"Content-Encoding": "gzip"})
+    assert response.status_code == 200
+    assert Span.objects.filter(project=project).count() == 5
+
+
+def test_it_stores_no_duplicate_when_a_batch_is_retried(client, auth, project):
+    body = make_request(4).SerializeToString()
+    assert post(client, body, auth).status_code == 200
+    again = post(client, body, auth)
+    assert again.status_code == 200
+    assert not ExportTraceServiceResponse.FromString(again.content).HasField("partial_success")
+    assert Span.objects.filter(project=project).count() == 4
+
+
+def test_it_stores_a_span_repeated_inside_one_batch_once(client, auth, project):
+    request = make_request(1)
+    request.resource_spans[0].scope_spans[0].spans.append(request.resource_spans[0].scope_spans[0].spans[0])
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    assert Span.objects.filter(project=project).count() == 1
+
+
+def test_it_answers_partial_success_and_keeps_the_good_spans(client, auth, project):
+    request = make_request(3)
+    spans = request.resource_spans[0].scope_spans[0].spans
+    spans[1].span_id = b"\x00" * 8
+    spans[2].name = ""
+    response = post(client, request.SerializeToString(), auth)
+    assert response.status_code == 200
+    partial = ExportTraceServiceResponse.FromString(response.content).partial_success
+    assert partial.rejected_spans == 2
+    assert "all zeros" in partial.error_message and "without a name" in partial.error_message
+    assert list(Span.objects.filter(project=project).values_list("name", flat=True)) == ["step 0"]
+
+
+def test_it_answers_partial_success_in_json_for_invalid_hex_ids(client, auth, project):
+    good = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "good"}
+    bad = {"traceId": "not-hex-at-all-not-hex-at-all-!!", "spanId": "cd" * 8, "name": "bad"}
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [good, bad]}]}]}).encode()
+    response = post(client, body, auth, content_type=JSON)
+    assert response.status_code == 200
+    assert json.loads(response.content)["partialSuccess"]["rejectedSpans"] == "1"
+    assert list(Span.objects.filter(project=project).values_list("name", flat=True)) == ["good"]
+
+
+def test_it_cuts_a_10_mb_attribute_and_marks_the_row(client, auth, project):
+    request = make_request(1, attributes={"huge": AnyValue(string_value="x" * (10 * 1024 * 1024))})
+    response = post(client, gzip.compress(request.SerializeToString()), auth, **{"Content-Encoding": "gzip"})
+    assert response.status_code == 200
+    row = Span.objects.get(project=project)
+    assert row.attributes["huge"] == "x" * MAX_VALUE_CHARS + TRUNCATION_MARKER
+    assert row.attributes[TRUNCATED_KEY] is True
+
+
+def test_it_cuts_names_and_ids_to_their_columns(client, auth, project):
+    request = make_request(
+        1,
+        attributes=genai(
+            gen_ai__conversation__id="c" * 5000, gen_ai__tool__name="t" * 5000, gen_ai__tool__call__id="i" * 5000
+        ),
+    )
+    request.resource_spans[0].scope_spans[0].spans[0].name = "n\x00" * 5000
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    row = Span.objects.get(project=project)
+    assert len(row.name) == Span._meta.get_field("name").max_length
+    assert "\x00" not in row.name
+    assert row.conversation_key == "c" * Span._meta.get_field("conversation_key").max_length
+    assert row.tool_call_id == "i" * Span._meta.get_field("tool_call_id").max_length
+    assert row.conversation.external_id == row.conversation_key
+
+
+# --- linking --------------------------------------------------------------------
+
+
+def test_it_links_spans_to_a_new_conversation_by_gen_ai_conversation_id(client, auth, project):
+    request = make_request(3, attributes=genai(gen_ai__conversation__id="conv-42", gen_ai__usage__input_tokens=10))
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    conversation = Conversation.objects.get(project=project, external_id="conv-42")
+    assert Span.objects.filter(conversation=conversation).count() == 3
+    assert conversation.started_at.timestamp() == START / 1e9
+
+
+def test_it_links_spans_by_openinference_session_id_on_the_resource(client, auth, project):
+    request = make_request(2, resource=genai(session__id="sess-7"))
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    conversation = Conversation.objects.get(project=project, external_id="sess-7")
+    assert set(Span.objects.filter(project=project).values_list("conversation", flat=True)) == {conversation.pk}
+
+
+def test_it_prefers_the_span_attribute_to_the_resource(client, auth, project):
+    request = make_request(1, attributes=genai(gen_ai__conversation__id="span-level"), resource=genai(session__id="resource-level"))
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    assert Span.objects.get(project=project).conversation.external_id == "span-level"
+
+
+def test_it_reuses_an_existing_conversation(client, auth, project):
+    existing = Conversation.objects.create(project=project, external_id="conv-1")
+    request = make_request(2, attributes=genai(gen_ai__conversation__id="conv-1"))
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    assert Conversation.objects.filter(project=project).count() == 1
+    assert set(Span.objects.values_list("conversation", flat=True)) == {existing.pk}
+
+
+def test_it_links_many_conversations_in_one_batch(client, auth, project):
+    request = make_request(1200)
+    for index, span in enumerate(request.resource_spans[0].scope_spans[0].spans):
+        span.attributes.add(key="gen_ai.conversation.id", value=AnyValue(string_value=f"conv-{index}"))
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    assert Conversation.objects.filter(project=project).count() == 1200
+    assert Span.objects.filter(project=project, conversation__isnull=True).count() == 0
+
+
+def test_it_links_a_stored_tool_execution_by_tool_call_id(client, auth, project):
+    store_tool_execution(project, "call_abc")
+    request = make_request(1, attributes=genai(gen_ai__tool__name="search", gen_ai__tool__call__id="call_abc"))
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    span = Span.objects.get(project=project)
+    assert (span.tool_name, span.tool_call_id) == ("search", "call_abc")
+    assert ToolExecution.objects.get(tool_call_id="call_abc").linked_span_id == span.pk
+
+
+def test_it_gives_a_span_without_a_key_the_conversation_of_its_tool_execution(client, auth, project):
+    execution = store_tool_execution(project, "call_conv")
+    request = make_request(1, attributes=genai(gen_ai__tool__name="search", gen_ai__tool__call__id="call_conv"))
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    assert Span.objects.get(project=project).conversation_id == execution.conversation_id
+
+
+def test_it_gives_a_span_without_a_key_the_conversation_of_its_trace(client, auth, project):
+    request = make_request(3)
+    spans = request.resource_spans[0].scope_spans[0].spans
+    spans[1].attributes.add(key="gen_ai.conversation.id", value=AnyValue(string_value="conv-trace"))
+    other_trace = make_request(1).resource_spans[0].scope_spans[0].spans[0]
+    other_trace.span_id = b"\x09" * 8
+    spans.append(other_trace)
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    conversation = Conversation.objects.get(external_id="conv-trace")
+    linked = dict(Span.objects.values_list("span_id", "conversation_id"))
+    assert linked == {
+        "0000000000000001": conversation.pk,
+        "0000000000000002": conversation.pk,
+        "0000000000000003": conversation.pk,
+        "0909090909090909": None,
+    }
+
+
+def test_it_keeps_the_tool_call_id_when_no_tool_execution_exists_yet(client, auth, project):
+    request = make_request(1, attributes=genai(gen_ai__tool__name="search", gen_ai__tool__call__id="call_later"))
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    assert Span.objects.get(project=project).tool_call_id == "call_later"
+
+
+def test_it_does_not_link_another_projects_tool_execution(client, auth, project):
+    other = project_create(name="Other")
+    store_tool_execution(other, "call_x")
+    request = make_request(1, attributes=genai(gen_ai__tool__name="search", gen_ai__tool__call__id="call_x"))
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    assert ToolExecution.objects.get(tool_call_id="call_x").linked_span_id is None
+
+
+def test_it_enqueues_derivations_once_per_batch_with_genai_spans(client, auth, django_capture_on_commit_callbacks):
+    request = make_request(50, attributes=genai(gen_ai__conversation__id="c1", gen_ai__usage__output_tokens=5))
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert post(client, request.SerializeToString(), auth).status_code == 200
+    assert len(callbacks) == 1
+
+
+def test_it_enqueues_nothing_for_plain_spans_or_a_retried_batch(client, auth, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert post(client, make_request(5).SerializeToString(), auth).status_code == 200
+    assert callbacks == []
+    body = make_request(5, attributes=genai(gen_ai__conversation__id="c1")).SerializeToString()
+    post(client, body, auth)
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert post(client, body, auth).status_code == 200
+    assert callbacks == []
+
+
+def test_it_uses_a_constant_number_of_queries_whatever_the_batch_size(client, auth):
+    def queries_for(count: int) -> int:
+        attributes = genai(gen_ai__conversation__id="conv-q", gen_ai__tool__name="t", gen_ai__tool__call__id="c")
+        body = make_request(count, attributes=attributes).SerializeToString()
+        with CaptureQueriesContext(connection) as captured:
+            assert post(client, body, auth).status_code == 200
+        return len(captured)
+
+    queries_for(1)  # the conversation exists from here on, like in steady traffic
+    assert queries_for(10) == queries_for(1000)
+
+
+# --- refusals -------------------------------------------------------------------
+
+
+def assert_nothing_stored():
+    assert Span.objects.count() == 0
+    assert Conversation.objects.count() == 0
+
+
+def test_it_refuses_truncated_protobuf(client, auth):
+    body = make_request(20, attributes=genai(gen_ai__conversation__id="c1")).SerializeToString()
+    response = post(client, body[:-7], auth)
+    assert response.status_code == 400
+    assert "invalid protobuf" in status_of(response).message
+    assert_nothing_stored()
+
+
+def test_it_refuses_invalid_json_with_a_json_status(client, auth):
+    response = post(client, b'{"resourceSpans": [', auth, content_type=JSON)
+    assert response.status_code == 400
+    assert response["Content-Type"] == JSON
+    assert json.loads(response.content)["code"] == 3
+    assert_nothing_stored()
+
+
+def test_it_refuses_invalid_utf8_in_json(client, auth):
+    response = post(client, b'{"resourceSpans": [], "junk": "\xc3\x28"}', auth, content_type=JSON)
+    assert response.status_code == 400
+    assert_nothing_stored()
+
+
+def test_it_refuses_deeply_nested_kvlists(client, auth):
+    value: dict = {"stringValue": "bottom"}
+    for _ in range(200):
+        value = {"kvlistValue": {"values": [{"key": "k", "value": value}]}}
+    span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "deep", "attributes": [{"key": "d", "value": value}]}
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+    response = post(client, body, auth, content_type=JSON)
+    assert response.status_code == 400
+    assert "too deep" in json.loads(response.content)["message"]
+    assert_nothing_stored()
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/grpc", "multipart/form-data; boundary=x", ""])
+def test_it_refuses_other_content_types(client, auth, content_type):
+    response = post(client, make_request(1).SerializeToString(), auth, content_type=content_type)
+    assert response.status_code == 415
+    assert response["Content-Type"].startswith("text/plain")
+    assert_nothing_stored()
+
+
+def test_it_accepts_content_type_parameters(client, auth, project):
+    response = post(client, b"{}", auth, content_type="application/json; charset=utf-8")
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize("method", ["get", "put", "delete", "patch"])
+def test_it_refuses_other_methods(client, auth, method):
+    response = getattr(client, method)(URL, headers=auth)
+    assert response.status_code == 405
+    assert response["Allow"] == "POST"
+
+
+def test_it_refuses_a_body_over_the_limit(client, auth, settings):
+    settings.OBSERVATORY_MAX_BODY_BYTES = 10_000
+    response = post(client, make_request(200).SerializeToString(), auth)
+    assert response.status_code == 413
+    assert status_of(response).message.startswith("body larger")
+    assert_nothing_stored()
+
+
+def test_it_refuses_a_gzip_bomb(client, auth, settings):
+    settings.OBSERVATORY_MAX_DECODED_BYTES = 1024 * 1024
+    bomb = gzip.compress(b"\x00" * (10 * 1024 * 1024))
+    assert len(bomb) < 20_000
+    response = post(client, bomb, auth, **{"Content-Encoding": "gzip"})
+    assert response.status_code == 413
+    assert "decoded body larger" in status_of(response).message
+    assert_nothing_stored()
+
+
+def test_it_refuses_a_small_gzip_of_too_many_spans(client, auth):
+    request = ExportTraceServiceRequest()
+    scope_spans = request.resource_spans.add().scope_spans.add()
+    for index in range(MAX_SPANS + 1):
+        scope_spans.spans.add(trace_id=b"\x01" * 16, span_id=index.to_bytes(8, "big"), name="s")
+    body = gzip.compress(request.SerializeToString())
+    response = post(client, body, auth, **{"Content-Encoding": "gzip"})
+    assert response.status_code == 413
+    assert "spans in one request" in status_of(response).message
+    assert_nothing_stored()
+
+
+def test_it_refuses_corrupt_gzip(client, auth):
+    response = post(client, b"\x1f\x8b\x08\x00garbage", auth, **{"Content-Encoding": "gzip"})
+    assert response.status_code == 400
+    assert_nothing_stored()
+
+
+def test_it_refuses_an_unknown_content_encoding(client, auth):
+    response = post(client, make_request(1).SerializeToString(), auth, **{"Content-Encoding": "br"})
+    assert response.status_code == 415
+    assert_nothing_stored()
+
+
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        ({}, "missing API key"),
+        ({"Authorization": "Bearer po_0123456789abcdef_" + "x" * 43}, "invalid API key"),
+        ({"Authorization": "Bearer not-a-key"}, "invalid API key"),
+        ({"Authorization": "Basic dXNlcjpwYXNz"}, "missing API key"),
+    ],
+)
+def test_it_refuses_a_missing_or_wrong_key(client, header, message):
+    response = post(client, make_request(2).SerializeToString(), header)
+    assert response.status_code == 401
+    assert status_of(response).message == message
+    assert_nothing_stored()
+
+
+def test_it_refuses_a_revoked_key(client, project):
+    key, text = apikey_create(project=project, name="old")
+    apikey_revoke(key=key)
+    response = post(client, make_request(2).SerializeToString(), {"Authorization": f"Bearer {text}"})
+    assert response.status_code == 401
+    assert status_of(response).message == "revoked API key"
+    assert_nothing_stored()
+
+
+def test_it_stores_spans_in_the_keys_project_only(client, auth, project):
+    other = project_create(name="Other")
+    _, other_key = apikey_create(project=other)
+    Conversation.objects.create(project=project, external_id="shared-id")
+    request = make_request(2, attributes=genai(gen_ai__conversation__id="shared-id"))
+    assert post(client, request.SerializeToString(), {"Authorization": f"Bearer {other_key}"}).status_code == 200
+    assert Span.objects.filter(project=project).count() == 0
+    other_conversation = Conversation.objects.get(project=other, external_id="shared-id")
+    assert set(Span.objects.filter(project=other).values_list("conversation", flat=True)) == {other_conversation.pk}
+
+
+def test_it_answers_429_with_retry_after_when_too_many_requests_are_in_flight(client, auth, settings):
+    settings.OBSERVATORY_MAX_CONCURRENT_INGEST = 1
+    with common.ingest_gate():  # the one slot is taken by a request in flight
+        response = post(client, make_request(2).SerializeToString(), auth)
+    assert response.status_code == 429
+    assert response["Retry-After"] == "1"
+    assert status_of(response).code == 8
+    assert_nothing_stored()
+
+
+def test_it_answers_503_when_the_database_is_locked_with_fake_database(client, auth, monkeypatch):
+    def locked(rows):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(spans_module, "_insert", locked)
+    response = post(client, make_request(2, attributes=genai(gen_ai__conversation__id="c1")).SerializeToString(), auth)
+    assert response.status_code == 503
+    assert int(response["Retry-After"]) > 0
+    assert_nothing_stored()  # the conversation created before the failure was rolled back too
