@@ -1,0 +1,289 @@
+"""Server time of every page on a large database.
+
+    .venv/bin/python -m benchmarks.bench_pages                      # quick: 5k conversations
+    .venv/bin/python -m benchmarks.bench_pages --conversations 100000 --tool-executions 1000000
+    .venv/bin/python -m benchmarks.bench_pages --db-url postgres://user@127.0.0.1:5432/bench
+
+Seeds a fresh database (SQLite in a temp data dir unless --db-url) with bulk inserts:
+conversations with rounds, tool executions spread over the last week across tools,
+levels and outcomes, a compression event, a trace, artifacts. The hourly tool
+rollups are computed by the real derivation code (the task's body); conversation
+totals are filled in by the seeder from what it inserted (--real-totals runs the
+derivation instead: exact, but minutes on 100k conversations). Each page is then
+requested --requests times through Django's test Client, logged in, and the table
+prints each page's p50 / p95 server time. Target: p95 < 100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ["query_sales", "load_csv", "web_search", "run_sql", "plot_chart", "read_file", "summarise", "forecast"]
+MODELS = ["gpt-4o", "claude-3-sonnet", "deepseek-chat"]
+BATCH = 5000
+
+
+def setup_django(db_url: str, data_dir: str) -> None:
+    os.environ["OBSERVATORY_DATA_DIR"] = data_dir
+    os.environ.setdefault("SECRET_KEY", "bench-" + "k" * 40)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "dashboard.settings"
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    if db_url:
+        os.environ["DATABASE_URL"] = db_url
+    else:
+        os.environ.pop("DATABASE_URL", None)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    settings.ALLOWED_HOSTS = ["testserver", "localhost"]
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def seed(conversations: int, tool_executions: int, rounds_per_conversation: int, real_totals: bool) -> dict:
+    from django.contrib.auth import get_user_model
+    from django.db import transaction
+
+    from dashboard.accounts.services import project_create
+    from dashboard.observatory import derivations
+    from dashboard.observatory.models import (
+        CompressionEvent,
+        Conversation,
+        Round,
+        Span,
+        ToolExecution,
+    )
+
+    rng = random.Random(42)
+    now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    week = timedelta(days=7).total_seconds()
+    user = get_user_model().objects.create_user("bench", password="bench-password-123")
+    project = project_create(name="Bench", owner=user)
+
+    # Per-execution facts that the conversation totals depend on are pure functions
+    # of the execution number, so totals can be filled in before the rows exist.
+    def failed(n: int) -> bool:
+        return (n * 2654435761) % 100 < 8
+
+    def retries(n: int) -> int:
+        return 1 if (n * 40503) % 4 == 0 else 0
+
+    per_conversation = [[0, 0, 0] for _ in range(conversations)]  # calls, errors, retries
+    for n in range(tool_executions):
+        stats = per_conversation[n % conversations]
+        stats[0] += 1
+        stats[1] += failed(n)
+        stats[2] += retries(n)
+
+    started = time.perf_counter()
+    conversation_rows = []
+    for i in range(conversations):
+        at = now - timedelta(seconds=rng.random() * week)
+        calls, errors, retried = per_conversation[i]
+        last = at + timedelta(seconds=max(rounds_per_conversation - 1, (calls - 1) if calls else 0) * 30 + 1)
+        conversation_rows.append(Conversation(
+            project=project, external_id=f"conv-{i:07d}", title=f"Question {i} about sales in region {i % 17}",
+            user_id=f"user-{i % 500}", model=MODELS[i % len(MODELS)], started_at=at, last_activity_at=last,
+            rounds=rounds_per_conversation, tool_calls=calls, errors=errors, retries=retried,
+            has_errors=errors > 0, status="ok", input_tokens=900 * rounds_per_conversation,
+            output_tokens=100 * rounds_per_conversation, max_context_tokens=1000 * rounds_per_conversation,
+            totals_updated_at=now,
+        ))
+    with transaction.atomic():
+        Conversation.objects.bulk_create(conversation_rows, batch_size=BATCH)
+    conv = list(Conversation.objects.filter(project=project).order_by("id").values_list("id", "started_at"))
+    print(f"  conversations: {len(conv):,} in {time.perf_counter() - started:.1f} s", flush=True)
+
+    started = time.perf_counter()
+    rounds = []
+    for conversation_id, at in conv:
+        for index in range(rounds_per_conversation):
+            rounds.append(Round(
+                record_id=uuid.uuid4(), project=project, conversation_id=conversation_id,
+                occurred_at=at + timedelta(seconds=index * 30), round_id=f"{conversation_id}-r{index}", index=index,
+                user_message=f"What were the sales in region {conversation_id % 17}?",
+                thoughts=["Query the sales table."], final_answer="Sales were 12.", context_tokens=1000 * (index + 1),
+                derived_context_tokens=1000 * (index + 1),
+                context_window=128_000, compression_threshold=0.8, input_tokens=900, output_tokens=100,
+            ))
+            if len(rounds) >= BATCH:
+                with transaction.atomic():
+                    Round.objects.bulk_create(rounds)
+                rounds = []
+    Round.objects.bulk_create(rounds)
+    print(f"  rounds: {len(conv) * rounds_per_conversation:,} in {time.perf_counter() - started:.1f} s", flush=True)
+
+    started = time.perf_counter()
+    rows = []
+    for n in range(tool_executions):
+        conversation_id, at = conv[n % len(conv)]
+        success = not failed(n)
+        level = rng.choice(["brief", "standard", "standard", "full"])
+        tokens = {"brief": rng.randrange(5, 30), "standard": rng.randrange(40, 200), "full": rng.randrange(300, 3000)}
+        rows.append(ToolExecution(
+            record_id=uuid.uuid4(), project=project, conversation_id=conversation_id,
+            occurred_at=at + timedelta(seconds=(n // len(conv)) * 30 + 1),
+            round_id=f"{conversation_id}-r{(n // len(conv)) % rounds_per_conversation}",
+            tool_name=rng.choice(TOOLS), parameters={"region": "north"}, model="gpt-4o",
+            tool_call_id=f"call_{n:09d}", observation=f"{level} observation {n}", output_level=level,
+            success=success, error_type="" if success else rng.choice(["timeout", "validation", "network"]),
+            error_message="" if success else "failed", retry_count=retries(n),
+            duration_ms=rng.lognormvariate(4.5, 1.2), observation_tokens=tokens[level], cache_hit=rng.random() < 0.1,
+            brief_observation="brief", brief_tokens=tokens["brief"], standard_observation="standard",
+            standard_tokens=tokens["standard"], full_observation="full", full_tokens=tokens["full"],
+        ))
+        if len(rows) >= BATCH:
+            with transaction.atomic():
+                ToolExecution.objects.bulk_create(rows)
+            rows = []
+    ToolExecution.objects.bulk_create(rows)
+    print(f"  tool executions: {tool_executions:,} in {time.perf_counter() - started:.1f} s", flush=True)
+
+    target = conv[0][0]
+    compression = CompressionEvent.objects.create(
+        record_id=uuid.uuid4(), project=project, conversation_id=target, occurred_at=now,
+        round_id=f"{target}-r0", mode="extract", tokens_before=9000, tokens_after=4000, target_tokens=4500,
+        result={
+            "mode": "extract", "target_tokens": 4500, "tokens_before": 9000, "tokens_after": 4000,
+            "messages_before": 40, "messages_after": 20, "target_met": True,
+            "changes": [
+                {"index": i, "role": "tool" if i % 2 else "assistant", "priority": "medium",
+                 "action": "kept" if i % 3 else "dropped", "tokens_before": 225,
+                 "tokens_after": 225 if i % 3 else 0, "content_before": f"message {i} " * 30}
+                for i in range(40)
+            ],
+            "config": {"strategy": "extract", "threshold_ratio": 0.8},
+        },
+    )
+    trace_id = "ab" * 16
+    Round.objects.filter(conversation_id=target, index=0).update(trace_id=trace_id)
+    spans = [Span(project=project, trace_id=trace_id, span_id=f"{i:016x}", parent_span_id="" if i == 0 else f"{0:016x}",
+                  name=f"span {i}", start_time=now + timedelta(milliseconds=i * 10),
+                  end_time=now + timedelta(milliseconds=i * 10 + 50), duration_ms=50.0,
+                  attributes={"gen_ai.tool.name": TOOLS[i % len(TOOLS)]}) for i in range(60)]
+    Span.objects.bulk_create(spans)
+
+    started = time.perf_counter()
+    hours = {now - timedelta(hours=h) for h in range(0, 24 * 8 + 2)}
+    derivations.tool_rollups_refresh(project_id=project.pk, hours=hours)
+    print(f"  hourly rollups (real derivation): {time.perf_counter() - started:.1f} s", flush=True)
+    if real_totals:
+        started = time.perf_counter()
+        ids = [c for c, _ in conv]
+        for i in range(0, len(ids), 2000):
+            derivations.conversation_totals_refresh(conversation_ids=ids[i: i + 2000])
+        print(f"  conversation totals (real derivation): {time.perf_counter() - started:.1f} s", flush=True)
+    else:
+        print("  conversation totals: filled in by the seeder (use --real-totals to run the derivation)")
+
+    execution = ToolExecution.objects.filter(project=project, conversation_id=target).first()
+    return {"user": user, "project": project, "conversation": target, "execution": execution.pk,
+            "compression": compression.pk, "trace": trace_id}
+
+
+def artifacts(project, count: int = 20) -> None:
+    import hashlib
+    import io
+
+    from dashboard.observatory.services import artifact_store
+
+    for i in range(count):
+        data = f"region,total\nnorth,{i}\n".encode()
+        artifact_store(project=project, artifact_id=f"artifact_{i:032x}", stream=io.BytesIO(data),
+                       sha256=hashlib.sha256(data).hexdigest(), content_type="text/csv", max_bytes=1 << 20)
+
+
+def measure(seeded: dict, requests: int) -> list[tuple[str, float, float, int]]:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(seeded["user"])
+    slug = seeded["project"].slug
+    first = client.get(f"/p/{slug}/conversations/").content.decode()
+    import re
+
+    after = re.search(r'href="\?([^"]*)" rel="next"', first)
+    pages = [
+        ("overview", f"/p/{slug}/"),
+        ("overview 30d", f"/p/{slug}/?range=30d"),
+        ("conversations", f"/p/{slug}/conversations/"),
+        ("conversations page 2", f"/p/{slug}/conversations/?" + (after.group(1).replace("&amp;", "&") if after else "")),
+        ("conversations rows (htmx)", f"/p/{slug}/conversations/rows/"),
+        ("conversations user+model", f"/p/{slug}/conversations/?user=user-7&model=gpt-4o"),
+        ("conversations has errors", f"/p/{slug}/conversations/?has_errors=on"),
+        ("conversations tool", f"/p/{slug}/conversations/?tool=forecast"),
+        ("conversations search", f"/p/{slug}/conversations/?q=region+5"),
+        ("conversations search, no match", f"/p/{slug}/conversations/?q=zebra+quartz"),
+        ("conversation timeline", f"/p/{slug}/conversations/{seeded['conversation']}/"),
+        ("observation (htmx)", f"/p/{slug}/tool-executions/{seeded['execution']}/observation/"),
+        ("tools 24h", f"/p/{slug}/tools/?range=24h"),
+        ("tools 7d", f"/p/{slug}/tools/?range=7d"),
+        ("tool detail 7d", f"/p/{slug}/tools/query_sales/?range=7d"),
+        ("tool detail 24h", f"/p/{slug}/tools/forecast/?range=24h"),
+        ("level comparison", f"/p/{slug}/tool-executions/{seeded['execution']}/levels/?range=24h"),
+        ("compression diff", f"/p/{slug}/compressions/{seeded['compression']}/"),
+        ("artifacts", f"/p/{slug}/artifacts/"),
+        ("trace", f"/p/{slug}/traces/{seeded['trace']}/"),
+    ]
+    results = []
+    for name, url in pages:
+        status = client.get(url).status_code  # warm caches once
+        timings = []
+        for _ in range(requests):
+            started = time.perf_counter()
+            response = client.get(url)
+            timings.append((time.perf_counter() - started) * 1000)
+            status = response.status_code
+        timings.sort()
+        p95 = timings[max(0, int(round(0.95 * len(timings))) - 1)]
+        results.append((name, statistics.median(timings), p95, status))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conversations", type=int, default=5_000)
+    parser.add_argument("--tool-executions", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per conversation")
+    parser.add_argument("--requests", type=int, default=20, help="requests per page")
+    parser.add_argument("--real-totals", action="store_true",
+                        help="recompute conversation totals with the real derivation (slow on 100k)")
+    parser.add_argument("--db-url", default="", help="postgres://... (default: SQLite in a temp data dir)")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench-pages-") as data_dir:
+        setup_django(args.db_url, data_dir)
+        from django.db import connection
+
+        print(f"Seeding {connection.vendor}: {args.conversations:,} conversations, "
+              f"{args.tool_executions:,} tool executions", flush=True)
+        started = time.perf_counter()
+        seeded = seed(args.conversations, args.tool_executions, args.rounds, args.real_totals)
+        artifacts(seeded["project"])
+        print(f"Seeded in {time.perf_counter() - started:.1f} s; {args.requests} requests per page\n", flush=True)
+        results = measure(seeded, args.requests)
+        width = max(len(name) for name, *_ in results)
+        print(f"{'page':<{width}}  {'p50 ms':>8}  {'p95 ms':>8}  status")
+        for name, p50, p95, status in results:
+            flag = "" if p95 < 100 else "  (over 100 ms)"
+            print(f"{name:<{width}}  {p50:8.1f}  {p95:8.1f}  {status}{flag}")
+        if args.db_url:
+            print("\n(the PostgreSQL tables were left in place; drop the database to clean up)")
+
+
+if __name__ == "__main__":
+    main()

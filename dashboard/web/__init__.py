@@ -1,0 +1,1 @@
+"""The pages people come for: server-rendered views over the stored conversations."""

@@ -1,0 +1,107 @@
+"""Formatting filters for the pages.
+
+Every filter returns plain text (never marked safe), so whatever an agent sent is
+still escaped by the template engine after formatting.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def tokens(value: Any) -> str:
+    """12345 -> '12,345'; None -> '—' (a level that was not rendered)."""
+    if value is None or value == "":
+        return "—"
+    try:
+        return f"{int(value):,}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@register.filter
+def duration(value: Any) -> str:
+    """Milliseconds for people: '850 ms', '1.25 s', '2 min 5 s'."""
+    if value is None or value == "":
+        return "—"
+    try:
+        ms = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if ms < 1:
+        return f"{ms:.2f} ms"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.2f} s"
+    minutes, seconds = divmod(ms / 1000, 60)
+    return f"{int(minutes)} min {seconds:.0f} s"
+
+
+@register.filter
+def percent(value: Any, digits: int = 1) -> str:
+    """A ratio 0..1 as '12.5%'; None (no calls) as '—'."""
+    if value is None or value == "":
+        return "—"
+    try:
+        return f"{float(value) * 100:.{int(digits)}f}%"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@register.filter
+def filesize(value: Any) -> str:
+    """Bytes in binary units: '512 B', '1.5 KiB', '3.2 MiB'."""
+    try:
+        size = float(value)
+    except (TypeError, ValueError):
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"  # pragma: no cover - the loop always returns
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    """Indented JSON text (non-ASCII kept readable); still escaped by the template."""
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@register.filter
+def clamp_pct(value: Any) -> int:
+    """A number as a whole percent 0..100, for the o-N / w-N bar classes."""
+    try:
+        return max(0, min(100, int(round(float(value)))))
+    except (TypeError, ValueError):
+        return 0
+
+
+@register.filter
+def elapsed_ms(start: Any, end: Any) -> Any:
+    """Milliseconds from start to end (datetimes), or None when either is missing."""
+    try:
+        return (end - start).total_seconds() * 1000.0
+    except TypeError:
+        return None
+
+
+@register.filter
+def mean(value: Any) -> str:
+    """A mean with one decimal ('12.5'); None (nothing to average) as '—'."""
+    if value is None or value == "":
+        return "—"
+    try:
+        return f"{float(value):,.1f}"
+    except (TypeError, ValueError):
+        return str(value)

@@ -1,0 +1,153 @@
+/* Pipeline Observatory page scripts.
+ *
+ * The CSP allows no inline script, so pages carry their chart data in
+ * {{ data|json_script:"id" }} blocks and mark the canvas with
+ * data-chart="<kind>" data-source="<id>". This file draws them, on load and after
+ * every htmx swap. It never builds HTML from data: Chart.js draws on a canvas.
+ */
+(function () {
+  "use strict";
+
+  var COLORS = {
+    accent: "#2458c6",
+    window: "#5c6675",
+    threshold: "#a15c00",
+    compression: "#b42318",
+    ok: "#1f7a3a",
+    error: "#b42318",
+    bar: "#5b8def",
+  };
+
+  function readData(canvas) {
+    var source = document.getElementById(canvas.dataset.source || "");
+    if (!source) return null;
+    try {
+      return JSON.parse(source.textContent);
+    } catch (e) {
+      return null;
+    }
+  }
+
+  function baseOptions(yTitle) {
+    return {
+      animation: false,
+      responsive: true,
+      maintainAspectRatio: false,
+      interaction: { mode: "index", intersect: false },
+      plugins: { legend: { position: "bottom", labels: { boxWidth: 12 } } },
+      scales: {
+        y: { beginAtZero: true, title: { display: !!yTitle, text: yTitle || "" } },
+      },
+    };
+  }
+
+  // Context tokens per round against the model's window and the compression
+  // threshold, with a marker on each round where compression fired.
+  function tokenBudget(data) {
+    var datasets = [
+      {
+        label: "context tokens",
+        data: data.context,
+        borderColor: COLORS.accent,
+        backgroundColor: COLORS.accent,
+        tension: 0.1,
+      },
+    ];
+    if (data.window.some(function (v) { return v !== null; })) {
+      datasets.push({
+        label: "context window",
+        data: data.window,
+        borderColor: COLORS.window,
+        borderDash: [2, 3],
+        pointRadius: 0,
+      });
+    }
+    if (data.threshold.some(function (v) { return v !== null; })) {
+      datasets.push({
+        label: "compression threshold",
+        data: data.threshold,
+        borderColor: COLORS.threshold,
+        borderDash: [6, 4],
+        pointRadius: 0,
+      });
+    }
+    datasets.push({
+      label: "compression fired",
+      data: data.compressions,
+      showLine: false,
+      pointStyle: "triangle",
+      pointRadius: 8,
+      borderColor: COLORS.compression,
+      backgroundColor: COLORS.compression,
+    });
+    var options = baseOptions("tokens");
+    options.scales.x = { title: { display: true, text: "round" } };
+    return { type: "line", data: { labels: data.labels, datasets: datasets }, options: options };
+  }
+
+  function histogram(data) {
+    var options = baseOptions("calls");
+    options.plugins.legend.display = false;
+    options.scales.x = { title: { display: true, text: "latency (ms, bucket upper bound)" } };
+    return {
+      type: "bar",
+      data: {
+        labels: data.labels,
+        datasets: [{ label: "calls", data: data.counts, backgroundColor: COLORS.bar }],
+      },
+      options: options,
+    };
+  }
+
+  // Overview: calls and errors per day (bars), tokens per day (line, right axis).
+  function trend(data) {
+    var options = baseOptions("calls");
+    options.scales.tokens = {
+      position: "right",
+      beginAtZero: true,
+      grid: { drawOnChartArea: false },
+      title: { display: true, text: "observation tokens" },
+    };
+    return {
+      type: "bar",
+      data: {
+        labels: data.labels,
+        datasets: [
+          { label: "tool calls", data: data.calls, backgroundColor: COLORS.bar },
+          { label: "errors", data: data.errors, backgroundColor: COLORS.error },
+          {
+            label: "observation tokens",
+            data: data.tokens,
+            type: "line",
+            yAxisID: "tokens",
+            borderColor: COLORS.ok,
+            backgroundColor: COLORS.ok,
+          },
+        ],
+      },
+      options: options,
+    };
+  }
+
+  var KINDS = { "token-budget": tokenBudget, histogram: histogram, trend: trend };
+
+  function drawCharts(root) {
+    if (typeof window.Chart === "undefined") return;
+    var canvases = (root || document).querySelectorAll("canvas[data-chart]");
+    canvases.forEach(function (canvas) {
+      if (canvas.dataset.drawn === "1") return;
+      var build = KINDS[canvas.dataset.chart];
+      var data = readData(canvas);
+      if (!build || !data) return;
+      canvas.dataset.drawn = "1";
+      new window.Chart(canvas, build(data));
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    drawCharts(document);
+  });
+  document.addEventListener("htmx:afterSettle", function (event) {
+    drawCharts(event.target);
+  });
+})();

@@ -1,0 +1,175 @@
+"""The tools table and tool detail, checked against a recomputation from the rows."""
+
+from __future__ import annotations
+
+import html
+import math
+import random
+import re
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from tests.dashboard.web.pages_factories import HOUR, store, tool_record
+
+from dashboard.observatory import histogram
+from dashboard.observatory.models import ToolExecution
+from dashboard.web.selectors import tools as tool_selectors
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def executions(project):
+    """A mix of tools, outcomes, levels, retries, cache hits and latencies over hours."""
+    rng = random.Random(7)
+    records = []
+    for i in range(120):
+        tool = rng.choice(["query_sales", "load_csv", "web_search"])
+        success = rng.random() > 0.25
+        records.append(tool_record(
+            f"conv-{i % 9}", tool=tool, at=HOUR - timedelta(hours=rng.randrange(0, 30), minutes=rng.randrange(60)),
+            success=success, error_type=None if success else rng.choice(["timeout", "validation", "network"]),
+            duration_ms=rng.choice([0.5, 3, 40, 90, 150, 700, 2500, 9000, 600_000]) * rng.uniform(0.5, 1.0),
+            level=rng.choice(["brief", "standard", "full"]),
+            tokens={"brief": rng.randrange(5, 20), "standard": rng.randrange(30, 90), "full": rng.randrange(200, 900)},
+            retries=rng.choice([0, 0, 0, 1, 2]), cache_hit=rng.random() < 0.2,
+        ))
+    store(project, records)
+    return project
+
+
+def cell(body: str, tool: str, field: str) -> str:
+    row = re.search(rf'<tr data-tool="{re.escape(tool)}">(.*?)</tr>', body, re.S).group(1)
+    return html.unescape(re.search(rf'data-field="{field}">([^<]*)<', row).group(1).strip())
+
+
+def test_it_matches_a_recomputation_from_the_rows(client_in, executions):
+    response = client_in.get(reverse("web:tools", args=[executions.slug]) + "?range=7d")
+    assert response.status_code == 200
+    body = response.content.decode()
+    since = tool_selectors.range_start(24 * 7)
+    for tool in ("query_sales", "load_csv", "web_search"):
+        rows = list(ToolExecution.objects.filter(project=executions, tool_name=tool, occurred_at__gte=since))
+        calls = len(rows)
+        successes = sum(r.success for r in rows)
+        assert cell(body, tool, "calls") == f"{calls:,}"
+        assert cell(body, tool, "errors") == f"{calls - successes:,}"
+        assert cell(body, tool, "success_rate") == f"{successes / calls * 100:.1f}%"
+        assert cell(body, tool, "retries") == f"{sum(r.retry_count for r in rows):,}"
+        assert cell(body, tool, "cache_hit_rate") == f"{sum(r.cache_hit for r in rows) / calls * 100:.1f}%"
+        timeouts = sum(1 for r in rows if not r.success and r.error_type == "timeout")
+        assert cell(body, tool, "timeouts") == f"{timeouts:,}"
+        for level in ("brief", "standard", "full"):
+            seen = [r.observation_tokens for r in rows if r.output_level == level]
+            expected = f"{sum(seen) / len(seen):,.1f}" if seen else "—"
+            assert cell(body, tool, f"mean_{level}") == expected
+        # Percentiles: the bucket bound holding the nearest-rank value of the rows.
+        durations = sorted(r.duration_ms for r in rows)
+        for q, field in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+            exact = durations[max(1, math.ceil(q * calls)) - 1]
+            index = histogram.bucket_index(exact)
+            op = ">" if index == len(histogram.LATENCY_BUCKET_BOUNDS_MS) else "≤"
+            bound = histogram.LATENCY_BUCKET_BOUNDS_MS[min(index, len(histogram.LATENCY_BUCKET_BOUNDS_MS) - 1)]
+            from dashboard.web.templatetags.observatory import duration
+
+            assert cell(body, tool, field) == f"{op} {duration(bound)}"
+    assert "bucket estimates" in body
+
+
+def test_it_only_counts_the_chosen_range(client_in, project):
+    store(project, [
+        tool_record("a", tool="old_tool", at=HOUR - timedelta(days=20)),
+        tool_record("a", tool="new_tool", at=HOUR),
+    ])
+    body = client_in.get(reverse("web:tools", args=[project.slug]) + "?range=24h").content.decode()
+    assert 'data-tool="new_tool"' in body and 'data-tool="old_tool"' not in body
+    body = client_in.get(reverse("web:tools", args=[project.slug]) + "?range=30d").content.decode()
+    assert 'data-tool="old_tool"' in body
+
+
+def test_it_falls_back_to_the_default_range_for_junk(client_in, executions):
+    response = client_in.get(reverse("web:tools", args=[executions.slug]) + "?range=<script>")
+    assert response.status_code == 200
+    assert b"<strong>7d</strong>" in response.content
+
+
+def test_it_keeps_the_tools_query_count_flat(client_in, executions, django_assert_max_num_queries):
+    page = reverse("web:tools", args=[executions.slug])
+    with django_assert_max_num_queries(6):
+        assert client_in.get(page).status_code == 200
+
+
+def test_it_shows_tool_detail_with_exact_percentiles_when_small(client_in, executions):
+    response = client_in.get(reverse("web:tool", args=[executions.slug, "load_csv"]) + "?range=7d")
+    assert response.status_code == 200
+    body = response.content.decode()
+    since = tool_selectors.range_start(24 * 7)
+    durations = sorted(ToolExecution.objects.filter(project=executions, tool_name="load_csv", occurred_at__gte=since)
+                       .values_list("duration_ms", flat=True))
+    from dashboard.web.templatetags.observatory import duration
+
+    p95 = durations[math.ceil(0.95 * len(durations)) - 1]
+    assert re.search(r'data-testid="p95">\s*' + re.escape(duration(p95)) + "<", body)
+    assert "exact, from the calls" in body
+    assert 'data-chart="histogram"' in body and 'id="histogram-data"' in body
+    failures = ToolExecution.objects.filter(project=executions, tool_name="load_csv", success=False).count()
+    assert body.count('<tr class="error">') == min(failures, 20)
+
+
+def test_it_uses_bucket_estimates_above_the_exact_limit(client_in, executions, monkeypatch):
+    monkeypatch.setattr(tool_selectors, "EXACT_PERCENTILE_LIMIT", 3)
+    body = client_in.get(reverse("web:tool", args=[executions.slug, "load_csv"])).content.decode()
+    assert "bucket estimates (upper bounds)" in body
+
+
+def test_it_sums_what_each_level_costs(client_in, executions):
+    body = client_in.get(reverse("web:tool", args=[executions.slug, "web_search"]) + "?range=7d").content.decode()
+    since = tool_selectors.range_start(24 * 7)
+    rows = ToolExecution.objects.filter(project=executions, tool_name="web_search", occurred_at__gte=since)
+    table = re.search(r'data-testid="level-costs">(.*?)</table>', body, re.S).group(1)
+    for level in ("brief", "standard", "full"):
+        total = sum(getattr(r, f"{level}_tokens") for r in rows)
+        assert f"{total:,}" in table
+    assert f"{sum(r.observation_tokens for r in rows):,}" in table
+
+
+def test_it_lists_error_types(client_in, executions):
+    body = client_in.get(reverse("web:tool", args=[executions.slug, "query_sales"]) + "?range=7d").content.decode()
+    since = tool_selectors.range_start(24 * 7)
+    failed = ToolExecution.objects.filter(project=executions, tool_name="query_sales", success=False,
+                                          occurred_at__gte=since)
+    table = re.search(r'data-testid="error-types">(.*?)</table>', body, re.S).group(1)
+    for error_type in {f.error_type for f in failed}:
+        n = failed.filter(error_type=error_type).count()
+        assert re.search(rf">{error_type}</span></td><td class=\"num\">{n}<", table)
+
+
+def test_it_answers_404_for_an_unknown_tool(client_in, project):
+    assert client_in.get(reverse("web:tool", args=[project.slug, "never_ran"])).status_code == 404
+    assert client_in.get(reverse("web:tool", args=[project.slug, "x" * 300])).status_code == 404
+
+
+def test_it_escapes_a_hostile_tool_name(client_in, project):
+    name = "<script>alert(1)</script>"
+    store(project, [tool_record("a", tool=name, at=HOUR, success=False, error_type="<b>boom</b>")])
+    for page in (reverse("web:tools", args=[project.slug]), reverse("web:tool", args=[project.slug, name]),
+                 reverse("web:overview", args=[project.slug])):
+        response = client_in.get(page)
+        assert response.status_code == 200, page
+        body = response.content.decode()
+        assert "<script>alert(1)</script>" not in body and "<b>boom</b>" not in body
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+
+
+def test_it_says_when_level_costs_cover_only_the_newest_calls(client_in, project, monkeypatch):
+    monkeypatch.setattr(tool_selectors, "LEVEL_COST_CALLS", 2)
+    store(project, [
+        tool_record("c", tool="t", at=HOUR - timedelta(minutes=3), tokens={"brief": 1000, "standard": 1, "full": 1}),
+        tool_record("c", tool="t", at=HOUR - timedelta(minutes=2), tokens={"brief": 10, "standard": 1, "full": 1}),
+        tool_record("c", tool="t", at=HOUR - timedelta(minutes=1), tokens={"brief": 20, "standard": 1, "full": 1}),
+    ])
+    body = client_in.get(reverse("web:tool", args=[project.slug, "t"])).content.decode()
+    assert 'data-testid="costs-sampled"' in body and "newest 2 calls" in body
+    table = re.search(r'data-testid="level-costs">(.*?)</table>', body, re.S).group(1)
+    assert re.findall(r'<td class="num">([^<]*)</td>', table)[:3] == ["2", "30", "15.0"]  # the oldest call left out
