@@ -39,6 +39,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files from the app itself, so gunicorn alone serves a complete dashboard.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -88,6 +90,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
+# Serve from the app's static folders too, so a run without collectstatic (the demo,
+# tests) still has its css and js; deploy/run-web.sh collects them anyway.
+WHITENOISE_USE_FINDERS = True
 
 # Artifacts live in their own storage so they can move to object storage without
 # code changes; the file system location is never shown to a client.

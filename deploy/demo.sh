@@ -6,9 +6,9 @@
 #   deploy/demo.sh --no-serve    # set up and fill, then stop the server (also DEMO_EXIT=1)
 #
 # Embedded mode: SQLite and artifacts in $OBSERVATORY_DATA_DIR (default var/demo), Celery tasks
-# run in-process (no broker). The server is Django's runserver with --insecure, because the app
-# does not serve its static files itself yet (no whitenoise); gunicorn is for deploy/run-web.sh
-# behind nginx. Re-running reuses the user and the project and makes a new API key.
+# run on a background thread of the web process (no broker). The server is gunicorn with
+# deploy/gunicorn.conf.py, as in production; static files come from the app (WhiteNoise).
+# Re-running reuses the user and the project and makes a new API key.
 #
 # Environment: DEMO_PORT (8000), DEMO_USER (admin), DEMO_PASSWORD (generated once, kept in the
 # data dir), DEMO_CONVERSATIONS (40), DEMO_SEED (new each run), DEMO_EXTRAS (dashboard,langchain).
@@ -74,7 +74,8 @@ fi
 api_key=$("$PY" manage.py createapikey demo --name "demo-$(date +%Y%m%d-%H%M%S)" 2>/dev/null)
 
 echo "== server on $base (log: $data_dir/server.log)"
-"$PY" manage.py runserver --insecure --noreload "127.0.0.1:$port" >"$data_dir/server.log" 2>&1 &
+OBSERVATORY_BIND="127.0.0.1:$port" "$PY" -m gunicorn --config deploy/gunicorn.conf.py dashboard.wsgi:application \
+  >"$data_dir/server.log" 2>&1 &
 server_pid=$!
 stop_server() {
   trap - EXIT INT TERM
