@@ -90,6 +90,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns on every request when it is missing
 # Serve from the app's static folders too, so a run without collectstatic (the demo,
 # tests) still has its css and js; deploy/run-web.sh collects them anyway.
 WHITENOISE_USE_FINDERS = True

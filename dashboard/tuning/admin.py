@@ -20,6 +20,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 
+from dashboard.accounts.admin import ProjectScopedAdmin
 from dashboard.accounts.selectors import projects_for_user
 from dashboard.observatory.models import Conversation
 from dashboard.web.selectors.compressions import compression_diff
@@ -28,23 +29,6 @@ from pipeline import ContextCompressionConfig
 from .models import CompressionProfile, EncoderRule, RetentionPolicy, ToolOutputPolicy
 from .preview import compression_preview
 from .services import compression_profile_activate, config_revision_bump
-
-
-class ProjectScopedAdmin(admin.ModelAdmin):
-    """Rows and project choices limited to the user's projects (superusers see all)."""
-
-    list_filter: Any = [("project", admin.RelatedOnlyFieldListFilter)]
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        qs = super().get_queryset(request).select_related("project")
-        if request.user.is_superuser:
-            return qs
-        return qs.filter(project__in=projects_for_user(request.user))
-
-    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        if db_field.name == "project" and not request.user.is_superuser:
-            kwargs["queryset"] = projects_for_user(request.user)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
 class _ConfigAdmin(ProjectScopedAdmin):
