@@ -3,12 +3,13 @@
 
     .venv/bin/python -m benchmarks.bench_records --batches 40 --size 500
 
-Phases: JSON parse (with the depth check), pydantic validation (parse_record),
-the store (one transaction, INSERT … ON CONFLICT DO NOTHING per record type), and
-the three derivations the request runs eagerly after commit when no broker is set
-(links, conversation totals, hourly rollups). Every batch lands in the same hour,
-so the rollup (which recomputes the whole hour from rows) grows with the run: the
-worst case. End-to-end HTTP throughput under gunicorn is benchmarks.bench_ingest.
+Phases: JSON parse (with the depth check), pydantic validation (the endpoint's
+``records_validate``: parse_record per record), the store (one transaction, one
+INSERT … ON CONFLICT DO NOTHING per record type), and the three derivations that
+run after commit (links, conversation totals, hourly rollups; under gunicorn a
+background thread runs them, merged across batches). Every batch lands in the
+same hour, so the rollup (which recomputes the whole hour from rows) grows with
+the run: the worst case. End-to-end HTTP throughput under gunicorn is benchmarks.bench_ingest.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ def run(batches: int, size: int) -> None:
     from django.db import transaction
 
     from dashboard.accounts.services import project_create
+    from dashboard.ingest.api import records_validate
     from dashboard.ingest.common import load_json
     from dashboard.observatory import derivations, services
-    from pipeline import parse_record
 
     call_command("migrate", verbosity=0)
     project = project_create(name="bench")
@@ -76,7 +77,8 @@ def run(batches: int, size: int) -> None:
 
     for raw in bodies:
         data = timed("json", lambda: load_json(raw))
-        records = timed("validate", lambda: [parse_record(item) for item in data["records"]])
+        records, rejected = timed("validate", lambda: records_validate(data["records"]))
+        assert not rejected, rejected[:1]
 
         def store():
             with transaction.atomic():

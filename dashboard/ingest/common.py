@@ -164,8 +164,10 @@ class GunzipReader:
                 return out
 
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+_STRING = re.compile(rb'"[^"]*"')
+_EMPTY_PAIR = re.compile(rb"\[\]|\{\}")
+# Every byte but the quote and the brackets, for bytes.translate to delete.
+_NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[]{}'))
 _SUSPICIOUS_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
 
 
@@ -173,15 +175,15 @@ def load_json(body: bytes, *, max_depth: int = DEFAULT_JSON_DEPTH) -> Any:
     """Parse a JSON body: strict UTF-8, nesting capped at max_depth, and strings
     that a database cannot hold (NUL, unpaired surrogates) replaced by U+FFFD.
 
-    The depth is measured on the text (strings removed, then matching bracket
-    pairs peeled one level per pass), all in C-speed regex and replace calls.
+    The depth is measured on the text, after it parsed (so it is valid JSON), all
+    in C-speed calls: see ``_too_deep``.
     """
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise IngestError(400, "body is not valid UTF-8") from None
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
         raise IngestError(400, f"JSON nested deeper than {max_depth} levels") from None
     except ValueError as exc:
@@ -193,12 +195,28 @@ def load_json(body: bytes, *, max_depth: int = DEFAULT_JSON_DEPTH) -> Any:
     return value
 
 
+def _refuse_constant(name: str) -> Any:
+    # NaN and ±Infinity are not JSON; Python reads them, a database column would not.
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def _too_deep(body: bytes, max_depth: int) -> bool:
-    brackets = _NOT_BRACKET.sub(b"", _JSON_STRING.sub(b"", body))
+    """Whether brackets outside strings nest deeper than max_depth in valid JSON.
+
+    Escapes go first (escaped backslashes, then escaped quotes: what is left of a
+    backslash escapes neither), then every byte but quotes and brackets. Quotes
+    now alternate open/close around strings holding only brackets; two adjacent
+    quotes are an empty string or the seam of two strings, so removing them keeps
+    every bracket where it was, in or out of a string, and leaves the regex that
+    removes the strings little to do. Then matching bracket pairs are peeled one
+    level per pass.
+    """
+    structure = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    brackets = _STRING.sub(b"", structure.replace(b'""', b""))
     for _ in range(max_depth):
         if not brackets:
             return False
-        brackets = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        brackets = _EMPTY_PAIR.sub(b"", brackets)  # one level: only pairs empty before this pass
     return bool(brackets)
 
 

@@ -7,8 +7,10 @@ in one transaction as one bulk insert that ignores rows already stored, so a
 retried batch stores no duplicate:
 
 - SQLite: ``executemany`` of ``INSERT ... ON CONFLICT DO NOTHING``;
-- PostgreSQL: ``COPY`` into a temp staging table, then one ``INSERT ... SELECT
-  ... ON CONFLICT DO NOTHING`` (see ``_copy_insert`` for why not unnest).
+- PostgreSQL: ``COPY`` straight into the table, and only when that meets a
+  stored span (a retried batch) ``COPY`` into a temp staging table then one
+  ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``
+  (``insert_values_ignoring_conflicts``, shared with the records path).
 
 The number of queries is constant in the batch size: at most three for
 conversations (find, create the missing ones in bulk, read their ids), one for
@@ -38,7 +40,12 @@ from django.utils import timezone as dj_timezone
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.models import Conversation, Span, ToolExecution
-from dashboard.observatory.services import conversations_get_or_create, derivations_enqueue
+from dashboard.observatory.services import (
+    conversations_get_or_create,
+    derivations_enqueue,
+    insert_values_ignoring_conflicts,
+    json_text,
+)
 
 from .otlp import TRUNCATION_MARKER, SpanRow
 
@@ -59,10 +66,6 @@ GENAI_KEYS = frozenset(
         "llm.token_count.total",
     }
 )
-# The Span table has no column for it, so a span cut to the attribute limits says
-# so in its own attributes, where the trace view shows it.
-TRUNCATED_KEY = "observatory.truncated"
-_STAGING = "observatory_span_ingest"  # PostgreSQL temp table of the COPY path
 _LOOKUP_CHUNK = 500  # ids per IN (...) query; stays under every backend's limit
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -89,6 +92,7 @@ _FIELDS = (
     "tool_name",
     "tool_call_id",
     "received_at",
+    "truncated",
     "conversation",
 )
 
@@ -240,8 +244,7 @@ def _sqlite_time(unix_nano: int) -> str:
     return str(_EPOCH_NAIVE + timedelta(microseconds=unix_nano // 1000))
 
 
-# One encoder for the module: json.dumps with options builds a new one per call.
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_dumps = json_text
 
 
 def _rows(
@@ -262,11 +265,10 @@ def _rows(
         if encoded_resource is None:
             encoded_resource = resource_json[id(resource)] = _dumps(resource)
         name = span.name
+        truncated = span.truncated
         if len(name) > _NAME_MAX:
             name = name[: _NAME_MAX - len(TRUNCATION_MARKER)] + TRUNCATION_MARKER
-        attributes = span.attributes
-        if span.truncated:
-            attributes[TRUNCATED_KEY] = True
+            truncated = True
         start, end = span.start_time_unix_nano, span.end_time_unix_nano
         rows.append(
             (
@@ -282,13 +284,14 @@ def _rows(
                 span.status_code,
                 span.status_message,
                 span.service_name[:_SERVICE_MAX],
-                _dumps(attributes),
+                _dumps(span.attributes),
                 _dumps(span.events) if span.events else "[]",
                 encoded_resource,
                 conversation_key,
                 tool_name,
                 tool_call_id,
                 received,
+                truncated,
             )
         )
     return rows
@@ -296,39 +299,8 @@ def _rows(
 
 def _insert(rows: list[tuple[Any, ...]]) -> int:
     """Insert the rows, skipping (project, trace_id, span_id) already stored."""
-    meta = Span._meta
-    quote = connection.ops.quote_name
-    table = quote(meta.db_table)
-    columns = ", ".join(quote(meta.get_field(name).column) for name in _FIELDS)
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            return _copy_insert(cursor, table, columns, rows)
-        placeholders = ", ".join(["%s"] * len(_FIELDS))
-        cursor.executemany(
-            f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) ON CONFLICT DO NOTHING", rows
-        )
-        return max(cursor.rowcount, 0)
-
-
-def _copy_insert(cursor: Any, table: str, columns: str, rows: list[tuple[Any, ...]]) -> int:
-    """PostgreSQL: COPY into a per-connection staging table, then one INSERT ...
-    SELECT ... ON CONFLICT DO NOTHING.
-
-    COPY cannot skip conflicts itself; the staging step keeps it one statement
-    that can. Measured here against ``INSERT ... SELECT FROM unnest(arrays)``:
-    psycopg formats COPY rows about 9x cheaper in CPU, and the whole insert was
-    about 2-3x faster. The staging table is a temp table (this connection only)
-    that empties itself at commit or rollback.
-    """
-    cursor.execute(
-        f"CREATE TEMP TABLE IF NOT EXISTS {_STAGING} ON COMMIT DELETE ROWS "
-        f"AS SELECT {columns} FROM {table} WITH NO DATA"
-    )
-    with cursor.cursor.copy(f"COPY {_STAGING} ({columns}) FROM STDIN") as copy:
-        for row in rows:
-            copy.write_row(row)
-    cursor.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {_STAGING} ON CONFLICT DO NOTHING")
-    return max(cursor.rowcount, 0)
+    columns = [Span._meta.get_field(name).column for name in _FIELDS]
+    return insert_values_ignoring_conflicts(Span, columns, rows)
 
 
 # --- tool executions ----------------------------------------------------------------

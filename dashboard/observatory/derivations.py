@@ -31,7 +31,8 @@ from .models import (
 )
 
 TITLE_LENGTH = 120
-LINK_WINDOW = timedelta(days=2)  # how far back unlinked rows are looked at on each run
+LINK_WINDOW = timedelta(days=2)  # how far back the beat's pass looks for unlinked rows
+BEAT_SPAN_LIMIT = 5_000  # unlinked spans one beat pass loads, the newest first (bounds its memory too)
 SPAN_STATUS_ERROR = 2
 
 
@@ -339,9 +340,11 @@ def links_refresh(
 
     Scope: with ``conversation_ids`` (after a records batch) only the rows of those
     conversations and the spans that share their tool calls or traces; with
-    ``artifact_ids`` (after an upload) only those artifacts; with neither (the
-    hourly beat) everything received since ``since``. So the work after a batch
-    is proportional to the batch, not to the database.
+    ``artifact_ids`` (after an upload) only those artifacts. Every query is then
+    bounded by those ids and served by an index, so the work after a batch is
+    proportional to the batch, not to the database. With neither (the hourly
+    beat): the rows that occurred or started since ``since``, through the time
+    indexes, and at most BEAT_SPAN_LIMIT unlinked spans, the newest.
 
     Only links are added, never changed, so running it again changes nothing.
     Returns counts and the ids of conversations that gained spans (their totals
@@ -353,9 +356,11 @@ def links_refresh(
     scoped = conversation_ids is not None or artifact_ids is not None
     conversation_list = sorted(set(conversation_ids or ()))
 
-    executions_in_scope = ToolExecution.objects.filter(project_id=project_id, received_at__gte=since)
+    executions_in_scope = ToolExecution.objects.filter(project_id=project_id)
     if scoped:
-        executions_in_scope = executions_in_scope.filter(conversation_id__in=conversation_list)
+        executions_in_scope = executions_in_scope.filter(conversation_id__in=conversation_list, received_at__gte=since)
+    else:
+        executions_in_scope = executions_in_scope.filter(occurred_at__gte=since)  # toolexec_project_time
 
     # One read of the executions in scope serves every step below.
     in_scope = list(executions_in_scope.values_list(
@@ -368,13 +373,14 @@ def links_refresh(
     if executions and project_has_spans:
         by_call: dict[str, tuple[int, str, str]] = {}
         by_ids: dict[tuple[str, str], int] = {}
-        for span in Span.objects.filter(project_id=project_id).filter(
-            Q(tool_call_id__in={row[1] for row in executions})
-            | Q(trace_id__in={row[2] for row in executions if row[2]})
-        ).values_list("id", "trace_id", "span_id", "tool_call_id"):
-            by_ids[(span[1], span[2])] = span[0]
-            if span[3]:
-                by_call[span[3]] = (span[0], span[1], span[2])
+        for query in _spans_by_calls_or_traces(
+            Span.objects.filter(project_id=project_id),
+            {row[1] for row in executions}, {row[2] for row in executions if row[2]},
+        ):
+            for span in query.values_list("id", "trace_id", "span_id", "tool_call_id"):
+                by_ids[(span[1], span[2])] = span[0]
+                if span[3]:
+                    by_call[span[3]] = (span[0], span[1], span[2])
         changed = []
         for pk, tool_call_id, trace_id, span_id, _, _ in executions:
             span_pk = by_ids.get((trace_id, span_id))
@@ -385,23 +391,25 @@ def links_refresh(
                 changed.append(ToolExecution(pk=pk, linked_span_id=span_pk, trace_id=trace_id, span_id=span_id))
         update_rows(ToolExecution, changed, ["linked_span", "trace_id", "span_id"])
         counts["tool_executions"] = len(changed)
+        learned_traces = {execution.trace_id for execution in changed}
+    else:
+        learned_traces = set()
 
     # Spans -> conversations.
     unlinked_spans = Span.objects.filter(project_id=project_id, conversation__isnull=True)
     if not project_has_spans:
-        unlinked_spans = unlinked_spans.none()
+        queries = []
     elif scoped:
         calls = {row[1] for row in in_scope}
-        traces = {row[2] for row in in_scope if row[2]}
+        traces = {row[2] for row in in_scope if row[2]} | learned_traces
         traces |= set(Round.objects.filter(project_id=project_id, conversation_id__in=conversation_list)
                       .exclude(trace_id="").values_list("trace_id", flat=True))
-        unlinked_spans = unlinked_spans.filter(Q(tool_call_id__in=calls) | Q(trace_id__in=traces)) if (
-            calls or traces) else unlinked_spans.none()
+        queries = _spans_by_calls_or_traces(unlinked_spans, calls, traces)
     else:
-        unlinked_spans = unlinked_spans.filter(received_at__gte=since)
-    spans = list(
-        unlinked_spans.only("id", "trace_id", "conversation_key", "tool_call_id", "attributes", "start_time", "end_time")
-    )
+        # span_project_time, newest first; received_at has no index to bound it by
+        queries = [unlinked_spans.filter(start_time__gte=since).order_by("-start_time")[:BEAT_SPAN_LIMIT]]
+    fields = ("id", "trace_id", "conversation_key", "tool_call_id", "attributes", "start_time", "end_time")
+    spans = list({span.pk: span for query in queries for span in query.only(*fields)}.values())
     if spans:
         for span in spans:
             if not span.conversation_key:
@@ -474,7 +482,8 @@ def links_refresh(
             row[0]: (row[1], row[2])
             for row in ToolExecution.objects.filter(
                 project_id=project_id, artifact_id__in={a.artifact_id for a in artifacts}
-            ).order_by("occurred_at").values_list("artifact_id", "id", "conversation_id")
+            ).exclude(artifact_id="")  # implies the partial index's condition
+            .order_by("occurred_at").values_list("artifact_id", "id", "conversation_id")
         }
         changed = []
         for artifact in artifacts:
@@ -484,6 +493,25 @@ def links_refresh(
         update_rows(Artifact, changed, ["tool_execution", "conversation"])
         counts["artifacts"] = len(changed)
     return counts
+
+
+def _spans_by_calls_or_traces(spans: Any, calls: set[str], traces: set[str]) -> list[Any]:
+    """Queries for the spans with one of these tool call ids, and for those in one
+    of these traces (a span may be in both; callers merge by id).
+
+    Two queries rather than one with OR, so that each is an index lookup on any
+    planner: the tool call one repeats the partial index's condition
+    (tool_call_id <> ''), which a planner cannot infer from a long IN list; the
+    trace one leads the unique (project, trace_id, span_id) index.
+    """
+    calls = {call for call in calls if call}
+    traces = {trace for trace in traces if trace}
+    queries = []
+    if calls:
+        queries.append(spans.filter(tool_call_id__in=calls).exclude(tool_call_id=""))
+    if traces:
+        queries.append(spans.filter(trace_id__in=traces))
+    return queries
 
 
 def _conversation_key(attributes: Any) -> str:

@@ -65,6 +65,11 @@ class Conversation(models.Model):
             # conversation list, newest activity first / newest started first
             models.Index(fields=["project", "-last_activity_at"], name="conv_project_activity"),
             models.Index(fields=["project", "-started_at"], name="conv_project_started"),
+            # overview totals over a range: answered from this index alone (covering)
+            models.Index(
+                fields=["project", "started_at", "has_errors", "input_tokens", "output_tokens"],
+                name="conv_project_started_totals",
+            ),
             # list filters
             models.Index(fields=["project", "status", "-last_activity_at"], name="conv_project_status"),
             models.Index(fields=["project", "model", "-last_activity_at"], name="conv_project_model"),
@@ -83,8 +88,11 @@ class _RecordRow(models.Model):
 
     record_id = models.UUIDField()
     schema_version = models.PositiveSmallIntegerField(default=1)
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="+")
+    # No index of their own: every insert pays for each index, and both columns
+    # lead a composite index already ((project, record_id) below; (conversation, …)
+    # in each subclass), which serves the same lookups and cascades.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="+", db_index=False)
     occurred_at = models.DateTimeField()
     received_at = models.DateTimeField(default=timezone.now)
 
@@ -96,7 +104,9 @@ class _RecordRow(models.Model):
 
 
 class Round(_RecordRow):
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="round_set")
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="round_set", db_index=False
+    )
     round_id = models.CharField(max_length=ID_LENGTH)
     index = models.PositiveIntegerField()
     trace_id = models.CharField(max_length=32, blank=True)
@@ -129,7 +139,9 @@ class Round(_RecordRow):
 
 
 class Message(_RecordRow):
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="message_set")
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="message_set", db_index=False
+    )
     round_id = models.CharField(max_length=ID_LENGTH, blank=True)
     index = models.PositiveIntegerField()
     role = models.CharField(max_length=16)
@@ -151,9 +163,16 @@ class Span(models.Model):
     (gen_ai.tool.name) are copied out of the attributes at ingest so linking and
     span-only tool statistics are indexed queries; ``conversation`` is set by the
     link task (or at ingest when the conversation is already known).
+
+    Spans are the most written table, so it has few indexes and the sparse ones
+    are partial: most spans have no tool call, no tool name and no conversation,
+    and a partial index costs an insert nothing when its condition is false. A
+    query can use a partial index only when its WHERE implies the condition, so
+    the queries that need one say so (``.exclude(tool_call_id="")`` etc.).
     """
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="spans")
+    # project leads the unique constraint and span_project_time: no index of its own.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="spans", db_index=False)
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)
     parent_span_id = models.CharField(max_length=16, blank=True)
@@ -168,29 +187,40 @@ class Span(models.Model):
     attributes = models.JSONField(default=dict)
     events = models.JSONField(default=list)
     resource = models.JSONField(default=dict)
+    # Indexed by the partial span_conversation_time only (most spans have none).
     conversation = models.ForeignKey(
-        Conversation, on_delete=models.SET_NULL, null=True, blank=True, related_name="spans"
+        Conversation, on_delete=models.SET_NULL, null=True, blank=True, related_name="spans", db_index=False
     )
     conversation_key = models.CharField(max_length=ID_LENGTH, blank=True)
     tool_name = models.CharField(max_length=ID_LENGTH, blank=True)
     tool_call_id = models.CharField(max_length=TOOL_CALL_ID_LENGTH, blank=True)
     received_at = models.DateTimeField(default=timezone.now)
+    # Ingest cut its attributes, events or name to the stored limits.
+    truncated = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["project", "trace_id", "span_id"], name="span_unique"),
         ]
         indexes = [
-            # trace view / waterfall (the unique constraint also covers project+trace)
+            # the trace view / waterfall is served by the unique constraint (project, trace_id, …);
+            # retention purge and recent spans of a project
             models.Index(fields=["project", "-start_time"], name="span_project_time"),
-            models.Index(fields=["conversation", "start_time"], name="span_conversation_time"),
-            # linking to tool executions and conversations
-            models.Index(fields=["project", "tool_call_id"], name="span_project_tool_call"),
-            models.Index(fields=["project", "conversation_key"], name="span_project_conv_key"),
-            # span-only tool statistics by hour
-            models.Index(fields=["project", "tool_name", "start_time"], name="span_project_tool_time"),
-            # retention purge
-            models.Index(fields=["start_time"], name="span_start_time"),
+            # conversation timeline, totals, and SET_NULL when a conversation goes
+            models.Index(
+                fields=["conversation", "start_time"], name="span_conversation_time",
+                condition=Q(conversation__isnull=False),
+            ),
+            # linking tool executions to spans by tool call id
+            models.Index(
+                fields=["project", "tool_call_id"], name="span_project_tool_call",
+                condition=~Q(tool_call_id=""),
+            ),
+            # span-only tool statistics by hour (rollups, hours_with_rows)
+            models.Index(
+                fields=["project", "start_time"], name="span_tool_time",
+                condition=~Q(tool_name=""),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -202,13 +232,16 @@ class ToolExecution(_RecordRow):
     same result rendered at BRIEF, STANDARD and FULL with their token counts."""
 
     conversation = models.ForeignKey(
-        Conversation, on_delete=models.CASCADE, related_name="tool_executions"
+        Conversation, on_delete=models.CASCADE, related_name="tool_executions", db_index=False
     )
     round_id = models.CharField(max_length=ID_LENGTH, blank=True)
     trace_id = models.CharField(max_length=32, blank=True)
     span_id = models.CharField(max_length=16, blank=True)
     # The span of this call, set by the link task (by span_id, else by tool_call_id).
-    linked_span = models.ForeignKey(Span, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # Indexed by the partial toolexec_linked_span (null on insert, so free then).
+    linked_span = models.ForeignKey(
+        Span, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
     tool_name = models.CharField(max_length=ID_LENGTH)
     tool_version = models.CharField(max_length=64, default="1.0.0")
     parameters = models.JSONField(default=dict)
@@ -255,13 +288,21 @@ class ToolExecution(_RecordRow):
             models.Index(fields=["project", "occurred_at"], name="toolexec_project_time"),
             # linking to spans
             models.Index(fields=["project", "tool_call_id"], name="toolexec_project_tool_call"),
-            models.Index(fields=["project", "artifact_id"], name="toolexec_project_artifact"),
+            # SET_NULL when a span is purged
+            models.Index(
+                fields=["linked_span"], name="toolexec_linked_span", condition=Q(linked_span__isnull=False)
+            ),
+            # linking artifacts (most executions name none)
+            models.Index(
+                fields=["project", "artifact_id"], name="toolexec_project_artifact",
+                condition=~Q(artifact_id=""),
+            ),
         ]
 
 
 class CompressionEvent(_RecordRow):
     conversation = models.ForeignKey(
-        Conversation, on_delete=models.CASCADE, related_name="compression_events"
+        Conversation, on_delete=models.CASCADE, related_name="compression_events", db_index=False
     )
     round_id = models.CharField(max_length=ID_LENGTH, blank=True)
     trace_id = models.CharField(max_length=32, blank=True)
@@ -291,7 +332,7 @@ class CompressionEvent(_RecordRow):
 
 class SkillActivation(_RecordRow):
     conversation = models.ForeignKey(
-        Conversation, on_delete=models.CASCADE, related_name="skill_activations"
+        Conversation, on_delete=models.CASCADE, related_name="skill_activations", db_index=False
     )
     round_id = models.CharField(max_length=ID_LENGTH, blank=True)
     trace_id = models.CharField(max_length=32, blank=True)

@@ -1,8 +1,8 @@
 """Writes for the stored conversation data: records, artifacts, retention.
 
 ``records_store`` is the ingest fast path: a fixed number of queries per batch
-whatever its size (get-or-create the conversations in bulk, look up the batch's
-record ids once per record type, one bulk insert per type), all in the caller's
+whatever its size (get-or-create the conversations in bulk, then one bulk insert
+per record type that skips record ids already stored), all in the caller's
 transaction. Everything derived is left to the tasks, enqueued after commit by
 ``derivations_enqueue``.
 """
@@ -10,6 +10,8 @@ transaction. Everything derived is left to the tasks, enqueued after commit by
 from __future__ import annotations
 
 import hashlib
+import json
+import operator
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -46,8 +48,6 @@ from .models import (
     artifact_file_name,
     artifact_storage,
 )
-
-INSERT_BATCH = 1000
 
 
 @dataclass
@@ -245,59 +245,49 @@ def records_store(*, project: Project, records: Sequence[Any]) -> StoreOutcome:
 
     Must run inside a transaction (the caller's ``atomic``) so the batch is stored
     whole or not at all. A record whose record_id is already stored for the
-    project, or repeated within the batch, counts as a duplicate.
+    project, or repeated within the batch, counts as a duplicate: the insert skips
+    it (ON CONFLICT DO NOTHING) and the row count tells how many were new, so no
+    query looks the ids up first.
     """
     outcome = StoreOutcome()
-    if not records:
-        return outcome
-
     by_type: dict[str, list[Any]] = {}
     seen_ids: set[uuid.UUID] = set()
+    first_seen: dict[str, tuple[datetime, datetime]] = {}
     for record in records:
         if record.record_id in seen_ids:
             outcome.duplicates += 1
             continue
         seen_ids.add(record.record_id)
         by_type.setdefault(record.type, []).append(record)
-
-    # Drop what is already stored before building rows: one query per record type.
-    for record_type, items in list(by_type.items()):
-        model = _ROW_BUILDERS[record_type][0]
-        stored = set(
-            model.objects.filter(project=project, record_id__in=[r.record_id for r in items]).values_list(
-                "record_id", flat=True
-            )
+        moment = record.occurred_at
+        seen = first_seen.get(record.conversation_id)
+        first_seen[record.conversation_id] = (moment, moment) if seen is None else (
+            min(seen[0], moment), max(seen[1], moment)
         )
-        if stored:
-            outcome.duplicates += len(stored)
-            by_type[record_type] = [r for r in items if r.record_id not in stored]
-
-    first_seen: dict[str, tuple[datetime, datetime]] = {}
-    for items in by_type.values():
-        for record in items:
-            span = first_seen.get(record.conversation_id)
-            moment = record.occurred_at
-            if span is None:
-                first_seen[record.conversation_id] = (moment, moment)
-            else:
-                first_seen[record.conversation_id] = (min(span[0], moment), max(span[1], moment))
     if not first_seen:
         return outcome
     conversations = conversations_get_or_create(project=project, first_seen=first_seen)
 
     for record_type, items in by_type.items():
         model, build = _ROW_BUILDERS[record_type]
-        rows = []
-        for record in items:
-            conversation_id = conversations[record.conversation_id]
-            rows.append(build(record, _common(record, project, conversation_id)))
-            outcome.conversation_ids.add(conversation_id)
+        rows = [build(record, _common(record, project, conversations[record.conversation_id])) for record in items]
+        inserted = insert_ignoring_conflicts(model, rows)
+        outcome.accepted += inserted
+        outcome.duplicates += len(rows) - inserted
+        if inserted:
+            # Which rows were new is not known, only how many: deriving the
+            # conversations of duplicates too is harmless (derivations recompute).
+            outcome.conversation_ids.update(row["conversation_id"] for row in rows)
             if record_type == "tool_result":
-                outcome.tool_hours.add(hour_of(record.occurred_at))
-        insert_ignoring_conflicts(model, rows)
-        outcome.accepted += len(rows)
+                outcome.tool_hours.update(hour_of(record.occurred_at) for record in items)
     return outcome
 
+
+# --- bulk insert --------------------------------------------------------------------
+
+# One encoder for the module (json.dumps with options builds one per call); compact
+# and UTF-8 as is: the stored text is only ever read back as JSON.
+json_text = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 _PLAIN_TYPES = {
     "AutoField", "BigAutoField", "BigIntegerField", "BooleanField", "CharField", "FloatField", "ForeignKey",
@@ -305,45 +295,120 @@ _PLAIN_TYPES = {
 }
 
 
-def _converter(field: models.Field, connection: Any) -> Any:
-    """None when the driver takes the Python value as it is (most columns), else the
-    field's own conversion (UUIDs, datetimes, JSON) bound to the connection."""
-    if field.get_internal_type() in _PLAIN_TYPES:
+def sqlite_datetime(value: datetime | None) -> str | None:
+    """What Django's SQLite backend stores for a datetime: naive UTC as text."""
+    if value is None:
         return None
+    if value.tzinfo is not None:
+        value = value.astimezone(dt_timezone.utc).replace(tzinfo=None)
+    return str(value)
+
+
+def _uuid_hex(value: uuid.UUID | None) -> str | None:
+    return None if value is None else value.hex
+
+
+def _adapter(field: models.Field, connection: Any) -> Any:
+    """How a Python value of this column becomes what the driver takes: None when
+    as it is, else a plain function (Django's ``get_db_prep_save`` does the same
+    but costs more than the database on this path)."""
+    kind = field.get_internal_type()
+    if kind in _PLAIN_TYPES:
+        return None
+    if kind == "JSONField" and field.encoder is None:
+        return json_text
+    if connection.vendor == "sqlite" and kind == "DateTimeField":
+        return sqlite_datetime
+    if connection.vendor == "sqlite" and kind == "UUIDField":
+        return _uuid_hex
+    if connection.vendor == "postgresql" and kind in ("DateTimeField", "UUIDField"):
+        return None  # psycopg adapts aware datetimes and UUIDs natively
     return lambda value: field.get_db_prep_save(value, connection)
 
 
-def insert_ignoring_conflicts(model: type[models.Model], rows: Sequence[dict[str, Any]]) -> None:
-    """INSERT … ON CONFLICT DO NOTHING of many rows as one prepared statement run
-    with executemany (SQLite and PostgreSQL both have the clause).
-
-    What ``bulk_create(ignore_conflicts=True)`` does, without its per-statement SQL
-    compilation: on this hot path that compilation cost more than the database, and
-    on SQLite it splits a batch into many statements of at most 999 parameters. A
-    conflict is a concurrent retry of the same record_id, so ignoring it is right.
-    """
+def insert_ignoring_conflicts(model: type[models.Model], rows: Sequence[dict[str, Any]]) -> int:
+    """Insert rows given as {attname: Python value} (columns left out take their
+    default), skipping those that hit a unique constraint; returns how many were
+    inserted. A conflict is a retry of the same record_id, so skipping it is right."""
     if not rows:
-        return
+        return 0
     connection = connections[router.db_for_write(model)]
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    defaults = {f.attname: f.get_default() for f in fields}
+    pick = operator.itemgetter(*defaults)  # the row's values in column order, at C speed
+    adapted = [(i, adapt) for i, f in enumerate(fields) if (adapt := _adapter(f, connection)) is not None]
+    values = []
+    for row in rows:
+        row_values = list(pick({**defaults, **row}))
+        for i, adapt in adapted:
+            if row_values[i] is not None:
+                row_values[i] = adapt(row_values[i])
+        values.append(row_values)
+    return insert_values_ignoring_conflicts(model, [f.column for f in fields], values)
+
+
+def insert_values_ignoring_conflicts(
+    model: type[models.Model], columns: Sequence[str], values: Sequence[Sequence[Any]]
+) -> int:
+    """INSERT … ON CONFLICT DO NOTHING of rows already adapted to the driver, in
+    the caller's transaction; returns the rows inserted.
+
+    - SQLite: one prepared statement run with ``executemany``;
+    - PostgreSQL: ``COPY`` straight into the table, in a savepoint. COPY cannot
+      skip conflicts, but a conflict is rare (a retried batch), and psycopg
+      formats COPY rows far cheaper than statement parameters; the database
+      writes each row once. When the COPY hits a unique constraint the savepoint
+      undoes it and the rows go through ``_copy_via_staging``, which skips them.
+
+    What ``bulk_create(ignore_conflicts=True)`` does, without its per-row model
+    instances and SQL compilation, and without SQLite's 999-parameter batches.
+    """
+    if not values:
+        return 0
+    alias = router.db_for_write(model)
+    connection = connections[alias]
     quote = connection.ops.quote_name
-    sql = "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT DO NOTHING".format(
-        quote(model._meta.db_table),
-        ", ".join(quote(f.column) for f in fields),
-        ", ".join(["%s"] * len(fields)),
-    )
-    plan = [(f.attname, f.get_default(), _converter(f, connection)) for f in fields]
-    params = [
-        [
-            value if convert is None else convert(value)
-            for attname, default, convert in plan
-            for value in (row.get(attname, default),)
-        ]
-        for row in rows
-    ]
+    table = quote(model._meta.db_table)
+    column_list = ", ".join(quote(column) for column in columns)
     with connection.cursor() as cursor:
-        for start in range(0, len(params), INSERT_BATCH):
-            cursor.executemany(sql, params[start : start + INSERT_BATCH])
+        if connection.vendor != "postgresql":
+            placeholders = ", ".join(["%s"] * len(columns))
+            cursor.executemany(
+                f"INSERT INTO {table} ({column_list}) VALUES ({placeholders}) ON CONFLICT DO NOTHING", values
+            )
+            return max(cursor.rowcount, 0)
+        try:
+            with transaction.atomic(using=alias):
+                _copy(cursor, table, column_list, values)
+            return len(values)
+        except IntegrityError:
+            return _copy_via_staging(cursor, model, table, column_list, values)
+
+
+def _copy(cursor: Any, table: str, column_list: str, values: Sequence[Sequence[Any]]) -> None:
+    # psycopg's own cursor (Django's wrapper has no copy); its errors become
+    # Django's, so a deadlock is an OperationalError (503) and a conflict an IntegrityError.
+    with cursor.db.wrap_database_errors:
+        with cursor.cursor.copy(f"COPY {table} ({column_list}) FROM STDIN") as copy:
+            for row in values:
+                copy.write_row(row)
+
+
+def _copy_via_staging(cursor: Any, model: type[models.Model], table: str, column_list: str,
+                      values: Sequence[Sequence[Any]]) -> int:
+    """COPY into a temp staging table, then one INSERT … SELECT … ON CONFLICT DO
+    NOTHING. The staging table belongs to this connection and empties itself at
+    commit or rollback; rows an earlier call of the same transaction left are
+    deleted first."""
+    staging = cursor.db.ops.quote_name(f"{model._meta.db_table}_ingest")
+    cursor.execute(
+        f"CREATE TEMP TABLE IF NOT EXISTS {staging} ON COMMIT DELETE ROWS "
+        f"AS SELECT {column_list} FROM {table} WITH NO DATA"
+    )
+    cursor.execute(f"DELETE FROM {staging}")
+    _copy(cursor, staging, column_list, values)
+    cursor.execute(f"INSERT INTO {table} ({column_list}) SELECT {column_list} FROM {staging} ON CONFLICT DO NOTHING")
+    return max(cursor.rowcount, 0)
 
 
 def derivations_enqueue(

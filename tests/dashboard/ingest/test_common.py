@@ -7,6 +7,8 @@ import json
 
 import pytest
 from django.db import OperationalError
+from hypothesis import given, settings as hypothesis_settings
+from hypothesis import strategies as st
 from django.test import RequestFactory
 
 from dashboard.ingest.common import (
@@ -56,6 +58,38 @@ def test_it_parses_json_with_a_depth_cap_that_ignores_brackets_in_strings():
     assert refusal(lambda: load_json(b"[" * 5 + b"]" * 5, max_depth=4))[0] == 400
     assert load_json(b"[" * 4 + b"]" * 4, max_depth=4) == [[[[]]]]
     assert load_json(b'["\\"[[[["]', max_depth=1) == ['"[[[[']
+
+
+def _depth(value) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    return 0
+
+
+# Strings full of what could fool a text scan: quotes, backslashes, brackets, escapes.
+_tricky_text = st.text(alphabet=st.sampled_from(list('"\\[]{}ab\n\u00e9\u4e2d')), max_size=12)
+_json_values = st.recursive(
+    st.none() | st.integers() | _tricky_text,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(_tricky_text, children, max_size=3),
+    max_leaves=30,
+)
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(value=_json_values, max_depth=st.integers(min_value=1, max_value=6), ascii_only=st.booleans())
+def test_it_measures_the_depth_of_any_json_as_its_parsed_value_has_it(value, max_depth, ascii_only):
+    body = json.dumps(value, ensure_ascii=ascii_only).encode()
+    if _depth(value) > max_depth:
+        assert refusal(lambda: load_json(body, max_depth=max_depth))[0] == 400
+    else:
+        assert load_json(body, max_depth=max_depth) == value
+
+
+def test_it_refuses_the_non_json_constants_python_would_accept():
+    for body in (b'{"x": NaN}', b"[Infinity]", b"[-Infinity]"):
+        assert refusal(lambda: load_json(body))[0] == 400
 
 
 def test_it_answers_short_json_errors_with_retry_after():

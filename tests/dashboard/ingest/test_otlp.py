@@ -21,7 +21,6 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from dashboard.accounts.services import apikey_create, apikey_revoke, project_create
 from dashboard.ingest import common, spans as spans_module
 from dashboard.ingest.otlp import MAX_SPANS, MAX_VALUE_CHARS, TRUNCATION_MARKER
-from dashboard.ingest.spans import TRUNCATED_KEY
 from dashboard.observatory.models import Conversation, Span, ToolExecution
 
 pytestmark = pytest.mark.django_db
@@ -128,6 +127,7 @@ def test_it_stores_a_protobuf_batch_and_answers_in_protobuf(client, auth, projec
     assert first.resource == {"service.name": "agent"}
     assert first.events == []
     assert first.conversation is None
+    assert first.truncated is False
 
 
 def test_it_stores_a_json_batch_and_answers_in_json(client, auth, project):
@@ -189,6 +189,20 @@ def test_it_stores_no_duplicate_when_a_batch_is_retried(client, auth, project):
     assert Span.objects.filter(project=project).count() == 4
 
 
+def test_it_stores_only_the_new_spans_of_a_partly_retried_batch(client, auth, project):
+    """On PostgreSQL the batch is COPied straight into the table; a conflict
+    undoes that and the batch goes through the conflict-skipping staging insert."""
+    request = make_request(5)
+    first_two = make_request(0, trace_id=request.resource_spans[0].scope_spans[0].spans[0].trace_id)
+    first_two.resource_spans[0].scope_spans[0].spans.extend(request.resource_spans[0].scope_spans[0].spans[:2])
+    assert post(client, first_two.SerializeToString(), auth).status_code == 200
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    assert sorted(Span.objects.filter(project=project).values_list("span_id", flat=True)) == [
+        f"{i:016x}" for i in range(1, 6)
+    ]
+
+
 def test_it_stores_a_span_repeated_inside_one_batch_once(client, auth, project):
     request = make_request(1)
     request.resource_spans[0].scope_spans[0].spans.append(request.resource_spans[0].scope_spans[0].spans[0])
@@ -225,7 +239,7 @@ def test_it_cuts_a_10_mb_attribute_and_marks_the_row(client, auth, project):
     assert response.status_code == 200
     row = Span.objects.get(project=project)
     assert row.attributes["huge"] == "x" * MAX_VALUE_CHARS + TRUNCATION_MARKER
-    assert row.attributes[TRUNCATED_KEY] is True
+    assert row.truncated is True
 
 
 def test_it_cuts_names_and_ids_to_their_columns(client, auth, project):
@@ -239,6 +253,7 @@ def test_it_cuts_names_and_ids_to_their_columns(client, auth, project):
     assert post(client, request.SerializeToString(), auth).status_code == 200
     row = Span.objects.get(project=project)
     assert len(row.name) == Span._meta.get_field("name").max_length
+    assert row.truncated is True
     assert "\x00" not in row.name
     assert row.conversation_key == "c" * Span._meta.get_field("conversation_key").max_length
     assert row.tool_call_id == "i" * Span._meta.get_field("tool_call_id").max_length

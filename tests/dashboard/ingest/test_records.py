@@ -63,6 +63,28 @@ def test_it_counts_a_retried_batch_as_duplicates(client, auth, records):
     assert Message.objects.count() == 3
 
 
+def test_it_counts_only_the_new_records_of_a_partly_retried_batch(client, auth, records, project, monkeypatch):
+    """The insert skips what is stored and its row count says how many were new
+    (on PostgreSQL: a COPY, then the conflict-skipping staging insert)."""
+    from django.db import connection
+
+    from dashboard.observatory import services
+
+    staged, real_staging = [], services._copy_via_staging
+    monkeypatch.setattr(services, "_copy_via_staging", lambda *args: staged.append(args[1]) or real_staging(*args))
+    stored = [records.message(index=i) for i in range(2)] + [records.tool_result()]
+    assert post(client, {"records": stored}, auth).json()["accepted"] == 3
+    fresh = [records.message(index=5), records.tool_result(), records.round()]
+    response = post(client, {"records": stored + fresh}, auth)
+    assert response.json() == {"accepted": 3, "duplicates": 3, "rejected": []}
+    assert (Message.objects.count(), ToolExecution.objects.count(), Round.objects.count()) == (3, 2, 1)
+    again = post(client, {"records": stored + fresh}, auth)
+    assert again.json() == {"accepted": 0, "duplicates": 6, "rejected": []}
+    if connection.vendor == "postgresql":
+        # only an insert that met a conflict took the staging path: not the new round at first
+        assert [model.__name__ for model in staged] == ["Message", "ToolExecution", "Message", "ToolExecution", "Round"]
+
+
 def test_it_counts_a_record_repeated_inside_one_batch_once(client, auth, records):
     record = records.message()
     response = post(client, {"records": [record, record]}, auth)
@@ -114,8 +136,9 @@ def test_it_replaces_nul_characters_instead_of_failing(client, auth, records):
         (b'{"other": []}', 400, '"records" list'),
         (b'{"records": ' + b"[" * 40 + b"]" * 40 + b"}", 400, "nested deeper"),
         (b'{"records": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nested deeper"),
+        (b'{"records": [{"type": "message", "tokens": NaN}]}', 400, "NaN is not a JSON value"),
     ],
-    ids=["malformed", "invalid-utf8", "not-object", "records-not-list", "no-records", "deep", "very-deep"],
+    ids=["malformed", "invalid-utf8", "not-object", "records-not-list", "no-records", "deep", "very-deep", "nan"],
 )
 def test_it_refuses_malformed_bodies(client, auth, raw, status, message):
     response = post(client, None, auth, raw=raw)
@@ -192,7 +215,7 @@ def test_it_answers_503_and_stores_nothing_when_the_database_is_locked(client, a
         calls.append(model)
         if len(calls) == 2:  # the first table's rows are already in: they must roll back
             raise OperationalError("database is locked")
-        real_insert(model, rows)
+        return real_insert(model, rows)
 
     monkeypatch.setattr(services, "insert_ignoring_conflicts", locked_on_second_table)
     response = post(client, {"records": [records.round(), records.message()]}, auth)

@@ -1,0 +1,180 @@
+"""The span and tool execution indexes: few, several of them partial, and every
+query that needs one can use it (a partial index serves only a query whose WHERE
+implies its condition). Checked on the plan the database makes, on SQLite and on
+PostgreSQL (with sequential scans discouraged, since the test tables are tiny)."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from dashboard.observatory import derivations, tasks
+from dashboard.observatory.models import Conversation, Span, ToolExecution
+from dashboard.observatory.services import records_store
+from dashboard.web.selectors.traces import waterfall
+from pipeline import parse_record
+
+pytestmark = pytest.mark.django_db
+
+NOW = datetime.now(timezone.utc) - timedelta(minutes=5)
+# More ids than PostgreSQL expands when it proves a partial index's condition from
+# an IN list (100): the query must state the condition itself.
+MANY = 150
+
+
+def span(project, index: int, **fields) -> Span:
+    return Span.objects.create(
+        project=project, trace_id=fields.pop("trace_id", f"{index:032x}"), span_id=f"{index:016x}",
+        start_time=NOW, end_time=NOW + timedelta(milliseconds=5), **fields,
+    )
+
+
+def plan_lines(sql: str, params=()) -> list[str]:
+    """One line per access to a table: 'SEARCH <table> USING … (<condition>)' or
+    'SCAN …' on SQLite; on PostgreSQL the same shape, built from the JSON plan."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+            return [row[-1] for row in cursor.fetchall()]
+        cursor.execute("ANALYZE observatory_span, observatory_toolexecution")  # the test rows' statistics
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        document = cursor.fetchone()[0]
+        cursor.execute("SET LOCAL enable_seqscan = on")
+    lines: list[str] = []
+
+    def walk(node: dict) -> None:
+        kind = node["Node Type"]
+        if "Relation Name" in node or kind == "Bitmap Index Scan":
+            table = node.get("Relation Name", "")
+            if kind in ("Index Scan", "Index Only Scan", "Bitmap Index Scan") and node.get("Index Cond"):
+                lines.append(f"SEARCH {table} USING INDEX {node['Index Name']} ({node['Index Cond']})")
+            elif kind != "Bitmap Heap Scan":
+                lines.append(f"SCAN {table} {node.get('Index Name', '')}")
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk((json.loads(document) if isinstance(document, str) else document)[0]["Plan"])
+    return lines
+
+
+def plan_of(queryset) -> str:
+    sql, params = queryset.query.sql_with_params()
+    return "\n".join(plan_lines(sql, params))
+
+
+def index_used(queryset, index: str) -> bool:
+    if index == "span_unique" and connection.vendor == "sqlite":
+        index = "sqlite_autoindex_observatory_span_1"  # SQLite's name for the unique constraint
+    return re.search(rf"SEARCH \S*\s*USING (COVERING )?INDEX {index}\b", plan_of(queryset)) is not None
+
+
+def test_it_serves_the_timeline_and_totals_from_the_partial_conversation_index(project):
+    conversation = Conversation.objects.create(project=project, external_id="c")
+    span(project, 1, conversation=conversation)
+    span(project, 2)
+    timeline = Span.objects.filter(conversation=conversation).order_by("start_time")
+    totals = Span.objects.filter(conversation_id__in=list(range(1, MANY))).values("conversation_id")
+    assert index_used(timeline, "span_conversation_time")
+    assert index_used(totals, "span_conversation_time")
+    assert list(timeline.values_list("span_id", flat=True)) == [f"{1:016x}"]
+
+
+def test_it_serves_tool_span_hours_from_the_partial_tool_index(project):
+    span(project, 1, tool_name="search")
+    span(project, 2)
+    hour = NOW.replace(minute=0, second=0, microsecond=0)
+    tool_spans = Span.objects.filter(
+        project=project, start_time__gte=hour, start_time__lt=hour + timedelta(hours=1)
+    ).exclude(tool_name="")
+    assert index_used(tool_spans, "span_tool_time")
+    assert list(tool_spans.values_list("tool_name", flat=True)) == ["search"]
+    assert derivations.hours_with_rows(project_id=project.pk, since=hour) == {hour}
+
+
+def test_it_finds_spans_by_many_tool_call_ids_through_the_partial_index(project):
+    span(project, 1, tool_call_id="call_1")
+    span(project, 2)
+    calls = {f"call_{i}" for i in range(MANY)}
+    by_call, by_trace = derivations._spans_by_calls_or_traces(Span.objects.filter(project=project), calls, {"f" * 32})
+    assert index_used(by_call, "span_project_tool_call")
+    assert index_used(by_trace, "span_unique")
+    assert [s.tool_call_id for s in by_call] == ["call_1"]
+
+
+def test_it_serves_the_trace_view_and_the_purge_from_full_indexes(project):
+    span(project, 1, trace_id="a" * 32)
+    Span.objects.bulk_create([
+        Span(project=project, trace_id=f"{1000 + i:032x}", span_id=f"{i:016x}",
+             start_time=NOW - timedelta(hours=i), end_time=NOW - timedelta(hours=i))
+        for i in range(300)
+    ])
+    expired = Span.objects.filter(project=project, start_time__lt=NOW - timedelta(hours=290))
+    assert index_used(Span.objects.filter(project=project, trace_id="a" * 32), "span_unique")
+    assert index_used(expired, "span_project_time"), plan_of(expired)
+    assert waterfall(project, "a" * 32).rows
+
+
+def test_it_finds_tool_executions_by_artifact_through_the_partial_index(project, records):
+    records_store(project=project, records=[parse_record(records.tool_result(result={"artifact_id": "artifact_" + "1" * 16}))])
+    named = ToolExecution.objects.filter(project=project, artifact_id__in=["artifact_" + "1" * 16]).exclude(artifact_id="")
+    assert index_used(named, "toolexec_project_artifact")
+    assert named.count() == 1
+
+
+def test_it_links_a_batch_without_scanning_the_span_table(project, records):
+    """After a records batch, every span query of the link task is an index search
+    on more than the project: the work follows the batch, not the table."""
+    Span.objects.bulk_create([  # spans the batch has nothing to do with
+        Span(project=project, trace_id=f"{1000 + i:032x}", span_id=f"{i:016x}", start_time=NOW, end_time=NOW)
+        for i in range(300)
+    ])
+    span(project, 1, trace_id="b" * 32, tool_call_id="call_a")
+    span(project, 2, trace_id="b" * 32)
+    outcome = records_store(project=project, records=[
+        parse_record(records.tool_result(result={"tool_call_id": "call_a"})),
+        parse_record(records.round(trace_id="c" * 32)),
+    ])
+    with CaptureQueriesContext(connection) as captured:
+        counts = tasks.links_refresh(project.pk, sorted(outcome.conversation_ids))
+    assert counts["tool_executions"] == 1 and counts["spans"] == 2
+    span_reads = [q["sql"] for q in captured.captured_queries
+                  if q["sql"].startswith("SELECT") and "observatory_span" in q["sql"].split("WHERE")[0]
+                  and not q["sql"].rstrip().endswith("LIMIT 1")]
+    assert span_reads
+    for sql in span_reads:
+        for line in plan_lines(sql):
+            if "observatory_span" not in line:
+                continue
+            assert line.startswith("SEARCH"), (line, sql)
+            condition = line[line.index("(") + 1:]
+            assert re.search(r"trace_id|tool_call_id|conversation_id|start_time", condition), (line, sql)
+
+
+def test_it_bounds_the_beat_pass_to_the_newest_unlinked_spans(project, monkeypatch):
+    monkeypatch.setattr(derivations, "BEAT_SPAN_LIMIT", 2)
+    for index in range(3):
+        Span.objects.create(
+            project=project, trace_id=f"{index:032x}", span_id=f"{index:016x}",
+            start_time=NOW + timedelta(seconds=index), end_time=NOW + timedelta(seconds=index),
+            attributes={"gen_ai.conversation.id": f"conv-{index}"},
+        )
+    counts = derivations.links_refresh(project_id=project.pk)
+    assert counts["spans"] == 2
+    linked = set(Span.objects.exclude(conversation=None).values_list("span_id", flat=True))
+    assert linked == {f"{1:016x}", f"{2:016x}"}  # the newest two; the next pass takes the rest
+    assert derivations.links_refresh(project_id=project.pk)["spans"] == 1
+
+
+def test_it_keeps_the_span_table_to_few_indexes(project):
+    """Each index costs every span insert: pk, unique, project+time, and three
+    partial ones that plain spans skip."""
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, Span._meta.db_table)
+    indexed = {name for name, c in constraints.items() if c["index"] or c["unique"] or c["primary_key"]}
+    assert len(indexed) <= 6, sorted(indexed)
