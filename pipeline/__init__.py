@@ -158,19 +158,15 @@ __all__ += [
     "LLMSummarizer",
     "Summarizer",
 ]
-from ._skills import (
+from ._skill_activation import (
     ContextModifier,
     SkillActivationRequest,
     SkillActivationResult,
     SkillActivationStack,
     SkillActivator,
-    SkillInstructions,
-    SkillLoader,
     SkillMessage,
-    SkillMetadata,
-    SkillResource,
-    validate_skill_name,
 )
+from ._skills import SkillInstructions, SkillLoader, SkillMetadata, SkillResource, validate_skill_name
 
 __all__ += [
     "ContextModifier",

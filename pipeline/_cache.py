@@ -22,6 +22,7 @@ from typing import Callable, Generic, Hashable, Literal, Optional, TypeVar, Unio
 
 from ._config import require
 from ._exceptions import ConfigError
+from ._levels import OutputLevel
 from ._models import ToolCachePolicy, ToolExecutionResult
 
 K = TypeVar("K", bound=Hashable)
@@ -246,11 +247,21 @@ class IdempotencyCache(TTLCache[str, ToolExecutionResult]):
         self.set(key, result.model_copy(deep=True), ttl_seconds=math.inf if ttl is None else ttl)
         return True
 
-    def lookup(self, key: str, tool_call_id: Optional[str] = None) -> Optional[ToolExecutionResult]:
+    def lookup(
+        self,
+        key: str,
+        tool_call_id: Optional[str] = None,
+        output_level: Optional[OutputLevel] = None,
+    ) -> Optional[ToolExecutionResult]:
         """A copy of the cached result marked ``cache_hit=True`` (and answering
-        ``tool_call_id`` when given, since the model's new call has a new id)."""
+        ``tool_call_id`` when given, since the model's new call has a new id).
+
+        The key leaves out the output level, so with ``output_level`` a result
+        rendered at another level is a miss: it is not this call's observation."""
         cached = self.get(key)
         if cached is None:
+            return None
+        if output_level is not None and cached.output_level is not OutputLevel(output_level):
             return None
         update: dict[str, object] = {"cache_hit": True}
         if tool_call_id is not None:

@@ -1,28 +1,17 @@
 """Context compression: shrink a conversation to a token target and say, message by
 message, what was done (the ``CompressionResult`` the dashboard draws as a diff).
 
-Messages are either dicts (``role`` / ``content`` / ``tool_calls`` /
-``tool_call_id``, with ``content`` a string, ``None`` or a list of Claude-style blocks
-``text`` / ``tool_use`` / ``tool_result`` / ...) or LangChain ``BaseMessage`` objects;
-a compression returns the same kind it was given. Unchanged messages are returned as
+How messages are read, prioritised and paired into units lives in ``_messages``; this
+module holds the config, the two managers and the three modes. A compression
+returns the same kind of messages it was given. Unchanged messages are returned as
 the very same objects; a TRUNCATED one is a copy.
 
 Decisions the seeds left open (documented here because callers depend on them):
 
 - Tokens of a list are the sum of ``token_counter.count_message_tokens(m, model)``
   over its messages; ``tokens_after`` is exactly that recount of the returned list.
-- Priority (seeds v2.1): system → CRITICAL, never dropped or shortened; user → HIGH;
-  a tool result that is an error (``status="error"``, ``is_error``, or content
-  starting ``"Operation failed."``) → HIGH; an AI message with tool calls → HIGH;
-  plain AI text → MEDIUM; a successful tool result → MEDIUM; a verbose log → LOW.
-  A message is a verbose log when it carries ``verbose: True`` (dict key, dict
-  ``metadata``, or LangChain ``additional_kwargs``) or is named ``"log"``; the mark
-  only demotes what would be MEDIUM (never a user message, an error or a tool call).
-  A previous compression's summary is HIGH (not CRITICAL) so later summaries can
-  absorb it instead of piling up.
-- Tool pairing is atomic: an AI message with tool calls and all messages answering
-  those calls form one unit, kept or dropped together. A result whose call is not in
-  the list (already orphaned on input) is its own unit.
+- Units (a tool call with all its results) are kept or dropped whole; system
+  messages (CRITICAL) are never dropped or shortened.
 - ``keep_recent`` (messages at the end, widened to whole units) is kept unless the
   protected messages plus that window alone exceed the target; then the window's
   units are dropped too (lowest priority, then oldest, first).
@@ -44,11 +33,10 @@ Decisions the seeds left open (documented here because callers depend on them):
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -63,25 +51,27 @@ from ._compression_types import (
 from ._config import BaseConfig, require
 from ._exceptions import ConfigError
 from ._cache import SummaryCache
+from ._messages import (
+    PRIORITY_RANK,
+    MessageAnalyzer,
+    MessageInfo,
+    MessageUnit,
+    content_of,
+    group_units,
+    readable_text,
+    replace_slot,
+    text_slots,
+    with_content,
+)
 from ._summarizers import ExtractiveSummarizer, Summarizer, cut_to_tokens
 from ._tokens import get_token_counter
 
 __all__ = ["AdvancedContextManager", "BasicContextManager", "ContextCompressionConfig"]
 
-ROLES = ("system", "user", "assistant", "tool")
 CONTENT_BEFORE_MAX_CHARS = 2_000  # what a change carries for the diff page
 MIN_TRUNCATED_CHARS = 32  # a shorter head is not worth keeping: drop instead
 MIN_SUMMARY_TOKENS = 16  # below this there is no room for a useful summary
-TOKEN_CACHE_SIZE = 50_000  # per-message analyses kept (LRU)
 SUMMARY_HEADER = "[Conversation summary: {count} earlier messages]\n"
-ERROR_PREFIX = "Operation failed."
-
-_RANK = {  # drop order: lowest rank first
-    MessagePriority.LOW: 0,
-    MessagePriority.MEDIUM: 1,
-    MessagePriority.HIGH: 2,
-    MessagePriority.CRITICAL: 3,
-}
 
 
 # --------------------------------------------------------------------------- config
@@ -170,393 +160,6 @@ class ContextCompressionConfig(BaseConfig):
         return current_tokens > self.max_tokens * self.threshold_ratio
 
 
-# ------------------------------------------------------------------ message reading
-
-
-@dataclass(frozen=True)
-class _Info:
-    """What compression needs to know about one message; cached per message content."""
-
-    role: str
-    priority: MessagePriority
-    why: str  # the priority in words
-    tokens: int
-    calls: tuple[str, ...]  # tool_call ids this message makes
-    answers: tuple[str, ...]  # tool_call ids this message answers
-    label: str  # "user", "tool error sql_query", ... (for the summariser)
-    text: str  # readable content, tool calls on their own lines
-
-
-def _canon(value: Any) -> str:
-    try:
-        return json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr)
-    except (ValueError, RecursionError) as exc:  # circular or absurdly deep
-        raise ValueError(f"message is not serialisable: {exc}") from None
-
-
-def _dict_key(message: dict) -> tuple:
-    # Strings go in as they are: hashing a str is cached by Python, and equal keys
-    # compare by identity first, so a warm lookup of an unchanged message is cheap.
-    return ("dict", *sorted((str(k), v) if type(v) is str else (str(k), None, _canon(v)) for k, v in message.items()))
-
-
-def _lc_key(message: Any) -> tuple:
-    content = message.content
-    return (
-        "lc",
-        type(message).__name__,
-        content if type(content) is str else ("json", _canon(content)),
-        _canon(getattr(message, "tool_calls", None) or []),
-        getattr(message, "tool_call_id", None),
-        getattr(message, "status", None),
-        getattr(message, "role", None),
-        message.name,
-        _canon(message.additional_kwargs) if message.additional_kwargs else "",
-    )
-
-
-def _check_content(content: Any, where: str) -> None:
-    if content is None or isinstance(content, str):
-        return
-    if not isinstance(content, list):
-        raise ValueError(f"{where}: content must be a string, a list of blocks or None, not {type(content).__name__}")
-    for block in content:
-        if isinstance(block, str):
-            continue
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise ValueError(f"{where}: every content block must be a string or a dict with a 'type'")
-
-
-def _short_json(value: Any, limit: int = 300) -> str:
-    text = value if isinstance(value, str) else _canon(value)
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _block_result_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            b if isinstance(b, str) else str(b.get("text", f"[{b.get('type', 'block')}]"))
-            for b in content
-            if isinstance(b, (str, dict))
-        )
-    return "" if content is None else _short_json(content)
-
-
-class _Parsed:
-    """A message read into plain fields, whatever its kind."""
-
-    __slots__ = ("role", "content", "tool_calls", "tool_call_id", "error", "verbose", "name", "summary")
-
-    def __init__(self) -> None:
-        self.role = ""
-        self.content: Any = None
-        self.tool_calls: list[tuple[str, str, Any]] = []  # (id, name, args)
-        self.tool_call_id: Optional[str] = None
-        self.error = False
-        self.verbose = False
-        self.name: Optional[str] = None
-        self.summary = False
-
-
-def _read_tool_calls(raw: Any, where: str) -> list[tuple[str, str, Any]]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise ValueError(f"{where}: tool_calls must be a list")
-    calls = []
-    for call in raw:
-        if not isinstance(call, dict):
-            raise ValueError(f"{where}: every tool call must be a dict")
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
-        call_id = call.get("id")
-        name = call.get("name") or function.get("name") or "?"
-        args = call.get("args", call.get("input", function.get("arguments")))
-        if call_id is not None and not isinstance(call_id, str):
-            raise ValueError(f"{where}: tool call id must be a string")
-        calls.append((call_id or "", str(name), args))
-    return calls
-
-
-def _parse_dict(message: dict, where: str) -> _Parsed:
-    parsed = _Parsed()
-    if "role" not in message:
-        raise ValueError(f"{where}: missing 'role'")
-    role = message["role"]
-    if not isinstance(role, str) or role not in ROLES:
-        shown = repr(role)[:40]
-        raise ValueError(f"{where}: unknown role {shown} (expected one of {', '.join(ROLES)})")
-    parsed.role = role
-    _check_content(message.get("content"), where)
-    parsed.content = message.get("content")
-    parsed.tool_calls = _read_tool_calls(message.get("tool_calls"), where)
-    call_id = message.get("tool_call_id")
-    if call_id is not None and not isinstance(call_id, str):
-        raise ValueError(f"{where}: tool_call_id must be a string")
-    parsed.tool_call_id = call_id
-    parsed.error = message.get("is_error") is True or message.get("status") == "error"
-    metadata = message.get("metadata")
-    parsed.verbose = (
-        message.get("verbose") is True
-        or (isinstance(metadata, dict) and metadata.get("verbose") is True)
-        or message.get("name") == "log"
-    )
-    parsed.name = message.get("name") if isinstance(message.get("name"), str) else None
-    parsed.summary = isinstance(message.get("summary_id"), str)
-    return parsed
-
-
-def _parse_langchain(message: Any, where: str) -> _Parsed:
-    from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
-
-    parsed = _Parsed()
-    if isinstance(message, SystemMessage):
-        parsed.role = "system"
-    elif isinstance(message, HumanMessage):
-        parsed.role = "user"
-    elif isinstance(message, AIMessage):
-        parsed.role = "assistant"
-        parsed.tool_calls = [(c.get("id") or "", c.get("name") or "?", c.get("args")) for c in message.tool_calls]
-    elif isinstance(message, ToolMessage):
-        parsed.role = "tool"
-        parsed.tool_call_id = message.tool_call_id
-        parsed.error = message.status == "error"
-    elif isinstance(message, ChatMessage) and message.role in ROLES:
-        parsed.role = message.role
-    else:
-        raise ValueError(f"{where}: unsupported message type {type(message).__name__}")
-    _check_content(message.content, where)
-    parsed.content = message.content
-    extra = message.additional_kwargs or {}
-    parsed.error = parsed.error or extra.get("is_error") is True
-    parsed.verbose = extra.get("verbose") is True or message.name == "log"
-    parsed.name = message.name
-    parsed.summary = isinstance(extra.get("summary_id"), str)
-    return parsed
-
-
-def _render(parsed: _Parsed) -> tuple[str, list[str], list[str], bool]:
-    """(text, ids called, ids answered, any error block) of a parsed message."""
-    lines: list[str] = []
-    calls = [c[0] for c in parsed.tool_calls if c[0]]
-    answers = [parsed.tool_call_id] if parsed.tool_call_id else []
-    error = False
-    content = parsed.content
-    if isinstance(content, str):
-        lines.append(content)
-    elif isinstance(content, list):
-        for block in content:
-            if isinstance(block, str):
-                lines.append(block)
-                continue
-            kind = block["type"]
-            if kind == "text":
-                lines.append(str(block.get("text", "")))
-            elif kind == "tool_use":
-                if isinstance(block.get("id"), str):
-                    calls.append(block["id"])
-                lines.append(f"[tool call] {block.get('name', '?')}({_short_json(block.get('input'))})")
-            elif kind == "tool_result":
-                if isinstance(block.get("tool_use_id"), str):
-                    answers.append(block["tool_use_id"])
-                block_error = block.get("is_error") is True
-                text = _block_result_text(block.get("content"))
-                error = error or block_error or text.startswith(ERROR_PREFIX)
-                lines.append(("[tool error] " if block_error else "[tool result] ") + text)
-            elif kind == "thinking":
-                lines.append("[thinking] " + str(block.get("thinking", "")))
-            else:
-                lines.append(f"[{kind}]")
-    shown = set(calls[len([c for c in parsed.tool_calls if c[0]]):])  # ids already shown as blocks
-    for call_id, name, args in parsed.tool_calls:
-        if not (call_id and call_id in shown):  # LangChain repeats tool_use blocks in tool_calls
-            lines.append(f"[tool call] {name}({_short_json(args)})")
-    return "\n".join(line for line in lines if line), calls, answers, error
-
-
-def _classify(parsed: _Parsed, calls: list[str], answers: list[str], error: bool, text: str) -> tuple[MessagePriority, str, str]:
-    """(priority, why, label) in the v2.1 order."""
-    role = parsed.role
-    is_result = role == "tool" or (role == "user" and bool(answers) and not _has_own_text(parsed.content))
-    error = error or parsed.error or (is_result and text.startswith(ERROR_PREFIX))
-    tool = f" {parsed.name}" if parsed.name and parsed.name != "log" else ""
-    if role == "system" and not parsed.summary:
-        return MessagePriority.CRITICAL, "system message: never dropped", "system"
-    if parsed.summary:
-        return MessagePriority.HIGH, "earlier summary: may be summarised again", "earlier summary"
-    if is_result and error:
-        return MessagePriority.HIGH, "tool error: kept to remember what failed", "tool error" + tool
-    if role == "user" and not is_result:
-        return MessagePriority.HIGH, "user message", "user"
-    if role == "assistant" and calls:
-        return MessagePriority.HIGH, "AI message with tool calls", "assistant"
-    # Only what would be MEDIUM can be a verbose log: a log mark never demotes a user
-    # message, an error or a tool call.
-    if parsed.verbose:
-        return MessagePriority.LOW, "verbose log: dropped first", role + " (log)"
-    if is_result:
-        return MessagePriority.MEDIUM, "successful tool result", "tool result" + tool
-    return MessagePriority.MEDIUM, "AI text", "assistant"
-
-
-def _has_own_text(content: Any) -> bool:
-    if isinstance(content, str):
-        return bool(content.strip())
-    if isinstance(content, list):
-        return any(isinstance(b, str) or b.get("type") not in ("tool_result",) for b in content)
-    return False
-
-
-class _Analyzer:
-    """Reads and counts messages, remembering each analysis by message content so a
-    growing conversation is counted once per new message, not once per compression."""
-
-    def __init__(self, token_counter: Any, model: str) -> None:
-        self.counter = token_counter
-        self.model = model
-        self._cache: OrderedDict[tuple, _Info] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def count(self, message: Any) -> int:
-        tokens = self.counter.count_message_tokens(message, self.model)
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-            raise TypeError("token_counter.count_message_tokens must return an int >= 0")
-        return tokens
-
-    def count_text(self, text: str) -> int:
-        count_tokens = getattr(self.counter, "count_tokens", None)
-        if callable(count_tokens):
-            return int(count_tokens(text, self.model))
-        return self.count({"role": "assistant", "content": text})
-
-    def analyse(self, messages: Sequence[Any]) -> tuple[str, list[_Info]]:
-        """("dict" | "langchain", one _Info per message); ValueError on malformed input."""
-        if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence):
-            raise ValueError("messages must be a list of messages")
-        kind = _kind_of(messages)
-        infos = []
-        with self._lock:
-            for index, message in enumerate(messages):
-                where = f"message {index}"
-                key = _dict_key(message) if kind == "dict" else _lc_key(message)
-                info = self._cache.get(key)
-                if info is None:
-                    info = self._read(message, kind, where)
-                    self._cache[key] = info
-                    if len(self._cache) > TOKEN_CACHE_SIZE:
-                        self._cache.popitem(last=False)
-                else:
-                    self._cache.move_to_end(key)
-                infos.append(info)
-        return kind, infos
-
-    def _read(self, message: Any, kind: str, where: str) -> _Info:
-        parsed = _parse_dict(message, where) if kind == "dict" else _parse_langchain(message, where)
-        text, calls, answers, error = _render(parsed)
-        if parsed.role == "system":  # a system message makes and answers no calls
-            calls, answers = [], []
-        priority, why, label = _classify(parsed, calls, answers, error, text)
-        return _Info(
-            role=parsed.role,
-            priority=priority,
-            why=why,
-            tokens=self.count(message),
-            calls=tuple(dict.fromkeys(calls)),
-            answers=tuple(dict.fromkeys(answers)),
-            label=label,
-            text=text,
-        )
-
-
-def _kind_of(messages: Sequence[Any]) -> str:
-    if all(isinstance(m, dict) for m in messages):
-        return "dict"
-    try:
-        from langchain_core.messages import BaseMessage
-    except ImportError:  # langchain is optional
-        BaseMessage = None  # type: ignore[assignment,misc]
-    if BaseMessage is not None and all(isinstance(m, BaseMessage) for m in messages):
-        return "langchain"
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) and not (BaseMessage is not None and isinstance(message, BaseMessage)):
-            raise ValueError(f"message {index}: expected a dict or a LangChain message, not {type(message).__name__}")
-    raise ValueError("messages mix dicts and LangChain messages; use one kind")
-
-
-# --------------------------------------------------------------------------- units
-
-
-@dataclass
-class _Unit:
-    """Messages kept or dropped together: one message, or a tool call and its results."""
-
-    members: list[int]
-    tokens: int
-    priority: MessagePriority
-
-    @property
-    def first(self) -> int:
-        return self.members[0]
-
-    @property
-    def last(self) -> int:
-        return self.members[-1]
-
-    @property
-    def protected(self) -> bool:
-        return self.priority is MessagePriority.CRITICAL
-
-
-def _units(infos: list[_Info]) -> tuple[list[_Unit], dict[int, str]]:
-    """The units (ordered by first message) and a pairing note per paired message."""
-    parent = list(range(len(infos)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    # A result pairs with the nearest call before it that has its id (ids should be
-    # unique, but a reused id must not tie a new result to an old call); a result
-    # placed before its call pairs with the first call of that id.
-    first_caller: dict[str, int] = {}
-    for index, info in enumerate(infos):
-        for call_id in info.calls:
-            first_caller.setdefault(call_id, index)
-    latest_caller: dict[str, int] = {}
-    answered_by: dict[int, list[int]] = {}
-    notes: dict[int, str] = {}
-    for index, info in enumerate(infos):
-        for call_id in info.calls:
-            latest_caller[call_id] = index
-        for call_id in info.answers:
-            call_index = latest_caller.get(call_id, first_caller.get(call_id))
-            if call_index is None:
-                notes[index] = f"answers call {call_id[:60]} that is not in this list"
-                continue
-            if call_index != index:
-                parent[root(index)] = root(call_index)
-                answered_by.setdefault(call_index, []).append(index)
-                notes[index] = f"tool result paired with call in message {call_index}"
-    for call_index, results in answered_by.items():
-        shown = ", ".join(str(i) for i in sorted(set(results)))
-        notes[call_index] = f"tool call paired with its results in message{'s' if len(set(results)) > 1 else ''} {shown}"
-    groups: dict[int, list[int]] = {}  # root -> members; filled in index order
-    for index in range(len(infos)):
-        groups.setdefault(root(index), []).append(index)
-    units = []
-    for members in sorted(groups.values(), key=lambda m: m[0]):
-        if len(members) == 1:
-            info = infos[members[0]]
-            units.append(_Unit(members, info.tokens, info.priority))
-            continue
-        priority = max((infos[i].priority for i in members), key=_RANK.__getitem__)
-        units.append(_Unit(members, sum(infos[i].tokens for i in members), priority))
-    return units, notes
-
-
 # -------------------------------------------------------------------------- the plan
 
 
@@ -571,53 +174,10 @@ class _Plan:
     summary_message: Any = None
 
 
-def _text_slots(content: Any) -> list[tuple[tuple, str]]:
-    """Every shortenable string in a content value, with its path."""
-    if isinstance(content, str):
-        return [((), content)]
-    slots: list[tuple[tuple, str]] = []
-    if isinstance(content, list):
-        for i, block in enumerate(content):
-            if isinstance(block, str):
-                slots.append(((i,), block))
-            elif block.get("type") == "text" and isinstance(block.get("text"), str):
-                slots.append(((i, "text"), block["text"]))
-            elif block.get("type") == "tool_result":
-                inner = block.get("content")
-                if isinstance(inner, str):
-                    slots.append(((i, "content"), inner))
-                elif isinstance(inner, list):
-                    for j, sub in enumerate(inner):
-                        if isinstance(sub, dict) and sub.get("type") == "text" and isinstance(sub.get("text"), str):
-                            slots.append(((i, "content", j, "text"), sub["text"]))
-    return slots
-
-
-def _replace_slot(content: Any, path: tuple, text: str) -> Any:
-    """A copy of ``content`` with the string at ``path`` replaced (containers on the
-    path are copied; the caller's message is never changed)."""
-    if not path:
-        return text
-    head, rest = path[0], path[1:]
-    copy = list(content) if isinstance(content, list) else dict(content)
-    copy[head] = _replace_slot(content[head], rest, text)
-    return copy
-
-
-def _mark(plan: _Plan, unit: _Unit, action: MessageAction, reason: str) -> None:
+def _mark(plan: _Plan, unit: MessageUnit, action: MessageAction, reason: str) -> None:
     for index in unit.members:
         plan.action[index] = action
         plan.reason[index] = reason
-
-
-def _content_of(message: Any) -> Any:
-    return message.get("content") if isinstance(message, dict) else message.content
-
-
-def _with_content(message: Any, content: Any) -> Any:
-    if isinstance(message, dict):
-        return {**message, "content": content}
-    return message.model_copy(update={"content": content})
 
 
 # ------------------------------------------------------------------------ managers
@@ -654,7 +214,7 @@ class AdvancedContextManager:
             raise TypeError("token_counter needs a count_message_tokens(message, model) method")
         self.model = model
         self.summarizer = summarizer
-        self._analyzer = _Analyzer(token_counter, model)
+        self._analyzer = MessageAnalyzer(token_counter, model)
         self._extractive = ExtractiveSummarizer(self._analyzer.count_text)
         if summary_cache is None:
             summary_cache = SummaryCache(
@@ -697,7 +257,7 @@ class AdvancedContextManager:
         target = self._target(target_tokens)
         requested = self._mode(mode)
         kind, infos = self._analyzer.analyse(messages)
-        units, notes = _units(infos)
+        units, notes = group_units(infos)
         total = sum(info.tokens for info in infos)
         fallback: Optional[str] = None
         used = requested
@@ -745,7 +305,7 @@ class AdvancedContextManager:
 
     # -- TRUNCATE: system + the newest units that fit
 
-    def _truncate(self, messages: Sequence[Any], infos: list[_Info], units: list[_Unit], target: int) -> _Plan:
+    def _truncate(self, messages: Sequence[Any], infos: list[MessageInfo], units: list[MessageUnit], target: int) -> _Plan:
         plan = self._start_plan(infos, units)
         budget = target - sum(u.tokens for u in units if u.protected)
         newest_first = sorted((u for u in units if not u.protected), key=lambda u: u.last, reverse=True)
@@ -765,14 +325,14 @@ class AdvancedContextManager:
 
     # -- EXTRACT: drop by priority (low first), then age, sparing the recent window
 
-    def _extract(self, messages: Sequence[Any], infos: list[_Info], units: list[_Unit], target: int) -> _Plan:
+    def _extract(self, messages: Sequence[Any], infos: list[MessageInfo], units: list[MessageUnit], target: int) -> _Plan:
         plan = self._start_plan(infos, units)
         recent_from = len(infos) - self.config.keep_recent
         droppable = [u for u in units if not u.protected]
         older = [u for u in droppable if u.last < recent_from]
         recent = [u for u in droppable if u.last >= recent_from]
-        order = sorted(older, key=lambda u: (_RANK[u.priority], u.first)) + sorted(
-            recent, key=lambda u: (_RANK[u.priority], u.first)
+        order = sorted(older, key=lambda u: (PRIORITY_RANK[u.priority], u.first)) + sorted(
+            recent, key=lambda u: (PRIORITY_RANK[u.priority], u.first)
         )
         total = sum(u.tokens for u in units)
         dropped: set[int] = set()
@@ -806,8 +366,8 @@ class AdvancedContextManager:
         self,
         messages: Sequence[Any],
         kind: str,
-        infos: list[_Info],
-        units: list[_Unit],
+        infos: list[MessageInfo],
+        units: list[MessageUnit],
         total: int,
         target: int,
     ) -> tuple[Optional[_Plan], Optional[str]]:
@@ -818,7 +378,7 @@ class AdvancedContextManager:
         reserve = min(self.config.summary_max_tokens + overhead, target - protected_tokens)
         if reserve - overhead < MIN_SUMMARY_TOKENS:
             return None, "no room for a summary within the target"
-        span: list[_Unit] = []
+        span: list[MessageUnit] = []
         saved = 0
         for unit in droppable:  # oldest first: a prefix of the non-system messages
             if span and total - saved + reserve <= target:
@@ -963,7 +523,7 @@ class AdvancedContextManager:
 
     # -- plan helpers
 
-    def _start_plan(self, infos: list[_Info], units: list[_Unit]) -> _Plan:
+    def _start_plan(self, infos: list[MessageInfo], units: list[MessageUnit]) -> _Plan:
         plan = _Plan([MessageAction.KEPT] * len(infos), [""] * len(infos))
         for unit in units:
             if unit.protected:
@@ -971,10 +531,10 @@ class AdvancedContextManager:
                     plan.reason[index] = infos[index].why
         return plan
 
-    def _shorten_newest(self, plan: _Plan, messages: Sequence[Any], infos: list[_Info], unit: _Unit, budget: int) -> None:
+    def _shorten_newest(self, plan: _Plan, messages: Sequence[Any], infos: list[MessageInfo], unit: MessageUnit, budget: int) -> None:
         """Rather than leave only protected messages, shorten the longest text of the
         newest unit's biggest message so the unit fits ``budget``."""
-        candidates = [i for i in unit.members if _text_slots(_content_of(messages[i]))]
+        candidates = [i for i in unit.members if text_slots(content_of(messages[i]))]
         if not candidates:
             return
         index = max(candidates, key=lambda i: infos[i].tokens)
@@ -982,14 +542,14 @@ class AdvancedContextManager:
         if room <= 0:
             return
         message = messages[index]
-        path, text = max(_text_slots(_content_of(message)), key=lambda slot: len(slot[1]))
+        path, text = max(text_slots(content_of(message)), key=lambda slot: len(slot[1]))
         if len(text) <= MIN_TRUNCATED_CHARS:
             return
         limit = min(len(text), self.config.truncate_max_chars)
 
         def build(keep: int) -> Any:
             marker = f"\n…[truncated: {len(text) - keep} of {len(text)} characters removed]"
-            return _with_content(message, _replace_slot(_content_of(message), path, text[:keep] + marker))
+            return with_content(message, replace_slot(content_of(message), path, text[:keep] + marker))
 
         low, high = 0, limit
         while low < high:  # the longest head whose message fits the room
@@ -1015,11 +575,11 @@ class AdvancedContextManager:
 
 def _assemble(
     messages: Sequence[Any],
-    infos: list[_Info],
+    infos: list[MessageInfo],
     plan: _Plan,
     notes: dict[int, str],
     target: int,
-    analyzer: _Analyzer,
+    analyzer: MessageAnalyzer,
     config: dict[str, Any],
 ) -> tuple[list[Any], CompressionResult]:
     """The new message list and the result accounting for every original message."""
@@ -1065,7 +625,7 @@ def _assemble(
                 content_before=info.text[:CONTENT_BEFORE_MAX_CHARS],
                 content_cut=len(info.text) > CONTENT_BEFORE_MAX_CHARS,
                 content_after=(
-                    _text_of(plan.truncated[index]) if action is MessageAction.TRUNCATED else None
+                    readable_text(plan.truncated[index])[:CONTENT_BEFORE_MAX_CHARS] if action is MessageAction.TRUNCATED else None
                 ),
             )
         )
@@ -1098,13 +658,6 @@ def _estimate(summarizer: Summarizer, input_tokens: int, output_tokens: int) -> 
         return math.nan
 
 
-def _text_of(message: Any) -> str:
-    parsed = _Parsed()
-    parsed.content = _content_of(message)
-    text = _render(parsed)[0]
-    return text[:CONTENT_BEFORE_MAX_CHARS]
-
-
 class BasicContextManager:
     """The seeds' simple manager: keep the system messages and the last
     ``keep_recent`` *rounds* (a round starts at a user message that is not only tool
@@ -1131,7 +684,7 @@ class BasicContextManager:
         self.max_tokens = max_tokens
         self.keep_recent = keep_recent
         self.model = model
-        self._analyzer = _Analyzer(token_counter, model)
+        self._analyzer = MessageAnalyzer(token_counter, model)
 
     def should_compress(self, current_tokens: int) -> bool:
         return current_tokens > self.max_tokens * self.threshold_ratio
@@ -1139,8 +692,8 @@ class BasicContextManager:
     def compress(self, messages: Sequence[Any]) -> tuple[list[Any], CompressionResult]:
         started = time.perf_counter()
         _, infos = self._analyzer.analyse(messages)
-        units, notes = _units(infos)
-        rounds: list[list[_Unit]] = []
+        units, notes = group_units(infos)
+        rounds: list[list[MessageUnit]] = []
         for unit in units:
             info = infos[unit.first]
             starts_round = info.role == "user" and not info.answers

@@ -1,12 +1,15 @@
 """The tool executor: the seeds' PipelineToolWrapper and ``@pipeline_tool``.
 
-One call goes: permission check (the active skill's allowed tools) → idempotency
-cache → output level → run with timeout → retry transient failures with backoff
-and growing timeouts → result (artifact store for large or FULL data) → token
-count → ``on_result`` callbacks. Every failure along the way becomes an error
-result in the standard error observation: nothing propagates into the agent loop,
-not even a failing token counter, artifact store, cache or callback (those degrade
-and are noted in ``result.warnings`` or the log).
+One call goes: permission check (the active skill's allowed tools) → tool lookup →
+output level → idempotency cache (``IdempotencyCache.lookup``: a hit at this level
+answers the call) → run with timeout → retry transient failures with backoff and
+growing timeouts → result (artifact store for large or FULL data) → token count →
+``on_result`` callbacks (``hook_executor`` adds one that sends spans and records).
+
+Every failure along the way becomes an error result in the standard error
+observation: nothing propagates into the agent loop, not even a failing token
+counter, artifact store, cache or callback (those degrade and are noted in
+``result.warnings`` or the log).
 """
 
 from __future__ import annotations
@@ -243,13 +246,9 @@ class ToolExecutor:
             )
         except Exception as exc:  # a bug of ours must not reach the agent loop either
             logger.exception("tool executor failed on %s", request.tool_call_id)
-            result = ToolErrorResponse(
-                tool_call_id=request.tool_call_id,
-                error_type=ToolErrorType.INTERNAL_ERROR,
-                error_code=ToolErrorType.INTERNAL_ERROR.default_code,
-                error_message=f"Tool executor error: {describe_exception(exc)}",
-            ).to_result()
-            result.observation_tokens = self._count(result.observation, result.warnings)
+            result = self._error(
+                request, ToolErrorType.INTERNAL_ERROR, f"Tool executor error: {describe_exception(exc)}"
+            )
         result.duration_ms = max(0.0, (self._clock() - started) * 1000.0)
         for callback in callbacks:
             try:
@@ -289,11 +288,8 @@ class ToolExecutor:
         key = None
         if policy is not ToolCachePolicy.NO_CACHE:
             key = request.get_or_generate_idempotency_key()
-            cached = self._cached(key, level)
-            if cached is not None:
-                hit = cached.model_copy(
-                    update={"tool_call_id": request.tool_call_id, "cache_hit": True}, deep=True
-                )
+            hit = self._cached(key, request.tool_call_id, level)
+            if hit is not None:
                 if not want_renderings:
                     return hit, []
                 own = LevelRendering(
@@ -368,17 +364,15 @@ class ToolExecutor:
             return request.cache_policy
         return self.tool_cache_policies.get(spec.name, spec.cache_policy)
 
-    def _cached(self, key: str, level: OutputLevel) -> Optional[ToolExecutionResult]:
+    def _cached(self, key: str, tool_call_id: str, level: OutputLevel) -> Optional[ToolExecutionResult]:
+        """The cache hit answering this call (a miss at another level gets replaced);
+        a failing cache is a miss, not a failed call."""
         try:
-            cached = self.idempotency_cache.get(key)
+            hit = self.idempotency_cache.lookup(key, tool_call_id, level)
         except Exception as exc:
             logger.warning("idempotency cache lookup failed: %s", exc)
             return None
-        # The key does not include the level: a result rendered at another level is
-        # not this call's observation, so it is a miss (and gets replaced).
-        if isinstance(cached, ToolExecutionResult) and cached.output_level is level:
-            return cached
-        return None
+        return hit if isinstance(hit, ToolExecutionResult) else None
 
     def _count(self, text: str, warnings: list[str]) -> int:
         try:

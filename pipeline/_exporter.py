@@ -11,6 +11,9 @@ dropped and counted, not retried forever. Each record carries a client-made
 
 Accounting, once ``flush`` has returned True:
 ``submitted == sent + rejected + dropped + failures + queue_depth``.
+
+``records_for_result`` builds the record of one tool execution, with the same data
+rendered at other output levels for the dashboard's comparison.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ conversations and tool statistics.
 ``configure_telemetry`` never touches the global tracer provider unless asked:
 tests and processes running several agents can hold several ``Telemetry`` objects.
 
+``ToolResultHook`` (installed by ``hook_executor``) is the glue an agent need not
+write: each tool execution becomes a span, a ``tool_result`` record and, when it has
+one, an artifact upload.
+
 Sampling (``ObservabilityConfig.sampling``):
 - ``"all"``: every span (child spans follow their parent's decision);
 - ``"ratio"``: a ``sample_ratio`` share of traces, decided by trace id so a trace is
@@ -249,25 +253,39 @@ class SpanHandle:
             self.span.set_status(Status(StatusCode.ERROR, (error or "")[:500]))
 
     def fail(self, error_type: str, message: str = "") -> None:
-        self.set(**{"error.type": error_type, "ba.error_type": error_type})
+        self.set_attributes(_error_attributes(error_type))
         self.span.set_status(Status(StatusCode.ERROR, message[:500]))
+
+
+def _conversation_attributes(conversation_id: str, round_id: Optional[str], **attributes: Any) -> dict[str, Any]:
+    """``attributes`` plus what links a span to its conversation and round: the
+    GenAI name, OpenInference's name for the same thing, and the round."""
+    attributes["gen_ai.conversation.id"] = conversation_id
+    attributes["session.id"] = conversation_id
+    if round_id is not None:
+        attributes["ba.round_id"] = round_id
+    return attributes
+
+
+def _error_attributes(error_type: str) -> dict[str, Any]:
+    # The semconv name for dashboards in general, ours for the pipeline's own views.
+    return {"error.type": error_type, "ba.error_type": error_type}
 
 
 def tool_request_attributes(
     request: ToolInvocationRequest, conversation_id: str, round_id: Optional[str]
 ) -> dict[str, Any]:
-    attributes: dict[str, Any] = {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": request.tool_name,
-        "gen_ai.tool.call.id": request.tool_call_id,
-        "gen_ai.tool.type": "function",
-        "gen_ai.conversation.id": conversation_id,
-        "session.id": conversation_id,  # OpenInference's name for the same thing
-        "ba.tool.version": request.tool_version,
-    }
-    if round_id is not None:
-        attributes["ba.round_id"] = round_id
-    return attributes
+    return _conversation_attributes(
+        conversation_id,
+        round_id,
+        **{
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": request.tool_name,
+            "gen_ai.tool.call.id": request.tool_call_id,
+            "gen_ai.tool.type": "function",
+            "ba.tool.version": request.tool_version,
+        },
+    )
 
 
 def tool_result_attributes(result: ToolExecutionResult) -> dict[str, Any]:
@@ -282,8 +300,7 @@ def tool_result_attributes(result: ToolExecutionResult) -> dict[str, Any]:
     if result.artifact_id:
         attributes["ba.artifact_id"] = result.artifact_id
     if result.error_type:
-        attributes["ba.error_type"] = result.error_type
-        attributes["error.type"] = result.error_type
+        attributes.update(_error_attributes(result.error_type))
     return attributes
 
 
@@ -333,14 +350,9 @@ class Telemetry:
         self, conversation_id: str, round_id: Optional[str] = None, *, agent_name: str = "ba-agent"
     ) -> Iterator[SpanHandle]:
         """The parent span of one round: ``invoke_agent {agent_name}``."""
-        attributes = {
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.name": agent_name,
-            "gen_ai.conversation.id": conversation_id,
-            "session.id": conversation_id,
-        }
-        if round_id is not None:
-            attributes["ba.round_id"] = round_id
+        attributes = _conversation_attributes(
+            conversation_id, round_id, **{"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent_name}
+        )
         with self._span(f"invoke_agent {agent_name}", SpanKind.INTERNAL, attributes) as handle:
             yield handle
 
@@ -350,10 +362,8 @@ class Telemetry:
     ) -> Iterator[SpanHandle]:
         """``execute_tool {tool}``; call ``record_tool_result(result)`` on the handle."""
         attributes = tool_request_attributes(request, conversation_id, round_id)
-        with self.tracer.start_as_current_span(
-            f"execute_tool {request.tool_name}", kind=SpanKind.INTERNAL, attributes=attributes
-        ) as span:
-            yield SpanHandle(span)
+        with self._span(f"execute_tool {request.tool_name}", SpanKind.INTERNAL, attributes) as handle:
+            yield handle
 
     def record_tool_span(
         self,
@@ -387,16 +397,11 @@ class Telemetry:
         provider_name: Optional[str] = None,
     ) -> Iterator[SpanHandle]:
         """``chat {model}``; the caller sets usage with ``record_usage(input, output)``."""
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.request.model": model,
-            "gen_ai.conversation.id": conversation_id,
-            "session.id": conversation_id,
-        }
+        attributes = _conversation_attributes(
+            conversation_id, round_id, **{"gen_ai.operation.name": "chat", "gen_ai.request.model": model}
+        )
         if provider_name:
             attributes["gen_ai.provider.name"] = provider_name
-        if round_id is not None:
-            attributes["ba.round_id"] = round_id
         with self._span(f"chat {model}", SpanKind.CLIENT, attributes) as handle:
             yield handle
 
@@ -405,14 +410,11 @@ class Telemetry:
         self, conversation_id: str, mode: str, round_id: Optional[str] = None, *, tokens_before: Optional[int] = None
     ) -> Iterator[SpanHandle]:
         """``compress_context``; call ``record_compression(result)`` when it is done."""
-        attributes: dict[str, Any] = {
-            "gen_ai.conversation.id": conversation_id,
-            "ba.compression.requested_mode": getattr(mode, "value", mode),
-        }
+        attributes = _conversation_attributes(
+            conversation_id, round_id, **{"ba.compression.requested_mode": getattr(mode, "value", mode)}
+        )
         if tokens_before is not None:
             attributes["ba.compression.tokens_before"] = tokens_before
-        if round_id is not None:
-            attributes["ba.round_id"] = round_id
         with self._span("compress_context", SpanKind.INTERNAL, attributes) as handle:
             yield handle
 
@@ -427,14 +429,9 @@ class Telemetry:
         depth: int = 0,
     ) -> Iterator[SpanHandle]:
         """``activate_skill {name}``; call ``record_skill(tokens_loaded=...)`` when loaded."""
-        attributes: dict[str, Any] = {
-            "gen_ai.conversation.id": conversation_id,
-            "ba.skill.name": skill_name,
-            "ba.skill.level": level,
-            "ba.skill.depth": depth,
-        }
-        if round_id is not None:
-            attributes["ba.round_id"] = round_id
+        attributes = _conversation_attributes(
+            conversation_id, round_id, **{"ba.skill.name": skill_name, "ba.skill.level": level, "ba.skill.depth": depth}
+        )
         with self._span(f"activate_skill {skill_name}", SpanKind.INTERNAL, attributes) as handle:
             yield handle
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Callable, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ._compression import ContextCompressionConfig
 from ._exceptions import ConfigError
 from ._exporter import MAX_RESPONSE_BYTES, Transport, UrllibTransport
 from ._levels import OutputLevel
@@ -70,19 +71,10 @@ class EffectiveConfig:
         )
 
 
-def _compression_config_class() -> Optional[type]:
-    try:
-        from ._compression import ContextCompressionConfig  # type: ignore[attr-defined]
-    except ImportError:  # the compression module is optional for this client
-        return None
-    return ContextCompressionConfig
-
-
 def _check_compression(overrides: Mapping[str, Any]) -> None:
     """Refuse compression overrides ContextCompressionConfig would refuse."""
-    config_class = _compression_config_class()
-    if overrides and config_class is not None:
-        config_class.from_dict(dict(overrides))  # raises ConfigError naming the field
+    if overrides:
+        ContextCompressionConfig.from_dict(dict(overrides))  # raises ConfigError naming the field
 
 
 @dataclass

@@ -51,11 +51,12 @@ from .. import (
     ToolExecutionResult,
     ToolExecutor,
     ToolInvocationRequest,
+    ToolResultHook,
     ToolRetryPolicy,
     configure_telemetry,
     get_token_counter,
-    records_for_result,
 )
+from .._observability import _store_reader
 from .model import AgentModel, ModelTurn, Scenario
 from .tools import DemoTools
 
@@ -136,10 +137,40 @@ class _Round:
     index: int
     trace_id: Optional[str]
     stack: SkillActivationStack
+    tool_hook: ToolResultHook  # turns each tool execution into a span, a record, an upload
     thoughts: list[str] = field(default_factory=list)
     context_tokens: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+
+
+class _Outbox:
+    """Where the agent's records and artifacts go: counted here (the summary line
+    needs no dashboard), passed on to the exporter when there is one. Each artifact
+    is counted and uploaded once, however many cache hits point to it."""
+
+    def __init__(self, exporter: Any, stats: AgentStats, artifact_store: Any) -> None:
+        self.exporter = exporter
+        self.stats = stats
+        self._read_artifact = _store_reader(artifact_store)
+        self._uploaded: set[str] = set()
+
+    def submit(self, record: Any) -> None:
+        self.stats.records += 1
+        if self.exporter is not None:
+            self.exporter.submit(record)
+
+    def upload_artifact(self, artifact_id: str, data: bytes, content_type: str) -> None:
+        if self.exporter is not None:
+            self.exporter.upload_artifact(artifact_id, data, content_type)
+
+    def artifact_to_upload(self, artifact_id: str) -> Optional[tuple[bytes, str]]:
+        """The hook's ``read_artifact``: the bytes of an artifact not seen before."""
+        if artifact_id in self._uploaded:
+            return None
+        self._uploaded.add(artifact_id)
+        self.stats.artifacts += 1
+        return self._read_artifact(artifact_id) if self.exporter is not None else None
 
 
 def _now() -> datetime:
@@ -188,7 +219,7 @@ class DemoAgent:
         self.exporter = exporter
         self.agent_name = agent_name
         self.stats = AgentStats()
-        self._uploaded: set[str] = set()
+        self._outbox = _Outbox(exporter, self.stats, executor.artifact_store)
         # Renderings of results by idempotency key: a cache hit answers from the
         # cache without the raw data, and the level comparison still wants all three.
         self._renderings: OrderedDict[str, list[LevelRendering]] = OrderedDict()
@@ -280,7 +311,15 @@ class DemoAgent:
         final_answer: Optional[str] = None
         status = "ok"
         with self.telemetry.agent_span(conversation.conversation_id, round_id, agent_name=self.agent_name) as span:
-            state = _Round(round_id, index, span.trace_id, SkillActivationStack(max_depth=3))
+            tool_hook = ToolResultHook(
+                conversation_id=conversation.conversation_id,
+                round_id=round_id,
+                telemetry=self.telemetry,
+                exporter=self._outbox,  # type: ignore[arg-type]  # duck-typed: submit / upload_artifact
+                model=self.model.name,
+                read_artifact=self._outbox.artifact_to_upload,
+            )
+            state = _Round(round_id, index, span.trace_id, SkillActivationStack(max_depth=3), tool_hook)
             self._append(conversation, {"role": "user", "content": user_message}, round_id)
             try:
                 final_answer = self._react(conversation, state)
@@ -298,7 +337,7 @@ class DemoAgent:
             if status == "error":
                 self.stats.failed_rounds += 1
             span.record_usage(state.input_tokens, state.output_tokens)
-            self._submit(
+            self._outbox.submit(
                 RoundRecord(
                     conversation_id=conversation.conversation_id,
                     round_id=round_id,
@@ -380,7 +419,7 @@ class DemoAgent:
         result.model = self.model.name
         conversation.messages = messages
         self.stats.compressions += 1
-        self._submit(
+        self._outbox.submit(
             CompressionRecord(
                 conversation_id=conversation.conversation_id,
                 round_id=state.round_id,
@@ -395,7 +434,7 @@ class DemoAgent:
         conversation.messages.append(message)
         index = conversation.next_index
         conversation.next_index += 1
-        self._submit(
+        self._outbox.submit(
             MessageRecord(
                 conversation_id=conversation.conversation_id,
                 round_id=round_id,
@@ -432,25 +471,11 @@ class DemoAgent:
             self._count_result(result)
             return _tool_message(call, result)
         usage = self.token_counter.count_conversation_tokens(conversation.messages, self.model.name)
-        with self.telemetry.tool_span(request, conversation.conversation_id, state.round_id) as span:
-            result, renderings = self.executor.execute_with_renderings(
-                request, context_usage=min(1.0, usage / self.context_window), context_modifier=conversation.modifier
-            )
-            span.record_tool_result(result)
-        self._count_result(result)
-        self._submit(
-            records_for_result(
-                request,
-                result,
-                conversation_id=conversation.conversation_id,
-                round_id=state.round_id,
-                trace_id=span.trace_id,
-                span_id=span.span_id,
-                model=self.model.name,
-                renderings=self._all_renderings(request, result, renderings),
-            )
+        result, renderings = self.executor.execute_with_renderings(
+            request, context_usage=min(1.0, usage / self.context_window), context_modifier=conversation.modifier
         )
-        self._upload_artifact(result.artifact_id)
+        self._count_result(result)
+        state.tool_hook.handle(request, result, self._all_renderings(request, result, renderings))
         return _tool_message(call, result)
 
     def _all_renderings(
@@ -478,22 +503,6 @@ class DemoAgent:
         self.stats.retries += result.retry_count
         self.stats.errors += 0 if result.success else 1
         self.stats.cache_hits += 1 if result.cache_hit else 0
-
-    def _upload_artifact(self, artifact_id: Optional[str]) -> None:
-        if not artifact_id or artifact_id in self._uploaded:
-            return
-        self._uploaded.add(artifact_id)
-        self.stats.artifacts += 1
-        if self.exporter is None:
-            return
-        store = self.executor.artifact_store
-        try:
-            data = store.retrieve(artifact_id)
-            content_type = store.info(artifact_id).content_type
-        except Exception as exc:  # gone or unreadable: the record still points to it
-            logger.warning("artifact %s could not be read for upload: %s", artifact_id, exc)
-            return
-        self.exporter.upload_artifact(artifact_id, data, content_type)
 
     # ------------------------------------------------------------------ skills
 
@@ -530,7 +539,7 @@ class DemoAgent:
                 )
             span.record_skill(tokens_loaded=result.tokens_loaded, success=result.success, error=result.error)
         self.stats.skill_activations += 1
-        self._submit(
+        self._outbox.submit(
             result.to_record(
                 conversation.conversation_id, state.round_id, trace_id=span.trace_id, span_id=span.span_id
             )
@@ -552,11 +561,6 @@ class DemoAgent:
         )
         message = {"role": "tool", "tool_call_id": call["id"], "name": SKILL_TOOL, "content": answer, "status": "success"}
         return message, result.to_llm_messages()
-
-    def _submit(self, record: Any) -> None:
-        self.stats.records += 1
-        if self.exporter is not None:
-            self.exporter.submit(record)
 
 
 def _first_line(exc: BaseException) -> str:

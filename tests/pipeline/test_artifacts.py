@@ -7,7 +7,6 @@ import decimal
 import hashlib
 import json
 import logging
-import os
 import re
 import threading
 import uuid

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pipeline import IdempotencyCache, SummaryCache, TTLCache, ToolCachePolicy, ToolExecutionResult
+from pipeline import IdempotencyCache, OutputLevel, SummaryCache, TTLCache, ToolCachePolicy, ToolExecutionResult
 from pipeline._exceptions import ConfigError
 
 
@@ -247,6 +247,14 @@ def test_it_stores_a_copy_and_marks_lookups_as_hits():
     assert cache.get("k").observation == "original"
     assert cache.get("k").cache_hit is False
     assert cache.lookup("missing") is None
+
+
+def test_it_misses_a_lookup_at_another_output_level():
+    cache = IdempotencyCache()
+    cache.remember("k", ok_result(), ToolCachePolicy.CACHEABLE)  # rendered at STANDARD
+    assert cache.lookup("k", "call_2", OutputLevel.BRIEF) is None
+    hit = cache.lookup("k", "call_2", OutputLevel.STANDARD)
+    assert hit is not None and hit.cache_hit and hit.tool_call_id == "call_2"
 
 
 def test_it_refuses_empty_idempotency_keys():

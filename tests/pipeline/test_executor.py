@@ -8,7 +8,6 @@ from pipeline import (
     OutputLevel,
     ToolCachePolicy,
     ToolError,
-    ToolErrorType,
     ToolExecutor,
     ToolInvocationRequest,
     ToolRetryPolicy,
