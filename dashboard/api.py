@@ -56,44 +56,32 @@ def _on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResp
     return _error(400, f"{where}: {first.get('msg', 'invalid')}"[:300])
 
 
-@api.exception_handler(AuthenticationError)
-def _on_authentication_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
-    return _error(401, "authentication required")
+# Exceptions whose answer is always the same short message.
+FIXED_ANSWERS: dict[type[Exception], tuple[int, str]] = {
+    AuthenticationError: (401, "authentication required"),
+    Http404: (404, "not found"),
+    ArtifactNotFound: (404, "artifact not found"),
+    InvalidArtifactId: (400, "invalid artifact id"),
+    ArtifactConflict: (409, "artifact id already stored with other content"),
+    ArtifactHashMismatch: (400, "body does not match X-Content-SHA256"),
+    ArtifactTooLarge: (413, "artifact too large"),
+}
 
 
-@api.exception_handler(Http404)
-def _on_not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
-    return _error(404, "not found")
+def _fixed_answer(status: int, message: str) -> Any:
+    def handler(request: HttpRequest, exc: Exception) -> HttpResponse:
+        return _error(status, message)
+
+    return handler
 
 
-@api.exception_handler(ArtifactNotFound)
-def _on_artifact_not_found(request: HttpRequest, exc: ArtifactNotFound) -> HttpResponse:
-    return _error(404, "artifact not found")
-
-
-@api.exception_handler(InvalidArtifactId)
-def _on_invalid_artifact_id(request: HttpRequest, exc: InvalidArtifactId) -> HttpResponse:
-    return _error(400, "invalid artifact id")
+for _exception, (_status, _message) in FIXED_ANSWERS.items():
+    api.add_exception_handler(_exception, _fixed_answer(_status, _message))
 
 
 @api.exception_handler(PipelineError)
 def _on_pipeline_error(request: HttpRequest, exc: PipelineError) -> HttpResponse:
     return _error(400, str(exc)[:300])
-
-
-@api.exception_handler(ArtifactConflict)
-def _on_artifact_conflict(request: HttpRequest, exc: ArtifactConflict) -> HttpResponse:
-    return _error(409, "artifact id already stored with other content")
-
-
-@api.exception_handler(ArtifactHashMismatch)
-def _on_hash_mismatch(request: HttpRequest, exc: ArtifactHashMismatch) -> HttpResponse:
-    return _error(400, "body does not match X-Content-SHA256")
-
-
-@api.exception_handler(ArtifactTooLarge)
-def _on_artifact_too_large(request: HttpRequest, exc: ArtifactTooLarge) -> HttpResponse:
-    return _error(413, "artifact too large")
 
 
 @api.exception_handler(OperationalError)
