@@ -1,18 +1,27 @@
 """Reads of the stored conversation data, always scoped to one project (the caller
-got the project through ``accounts.selectors.project_for_user``)."""
+got the project through ``accounts.selectors.project_for_user``).
+
+One implementation for both readers: the pages (``dashboard.web``) and the JSON
+read API (``observatory.api``). What only concerns how a page shows these rows
+(keyset paging, chart series, labels) stays in ``dashboard.web.selectors``. Every
+query is bounded (a page, a range or a LIMIT) and rides an index named in models.py.
+"""
 
 from __future__ import annotations
 
+import math
+import re
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Optional
 
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet, Sum
 from django.http import Http404
 
 from dashboard.accounts.models import Project
 
-from .histogram import merge, percentile
+from . import histogram
 from .models import (
     Artifact,
     CompressionEvent,
@@ -25,39 +34,73 @@ from .models import (
     ToolHourlyRollup,
 )
 
-CONVERSATION_ORDERS = {
-    "recent": ("-last_activity_at", "-id"),
-    "oldest": ("last_activity_at", "id"),
-    "started": ("-started_at", "-id"),
-    "tokens": ("-input_tokens", "-id"),
-    "errors": ("-errors", "-last_activity_at"),
-}
+LEVELS = ("brief", "standard", "full")
+
+# --- conversations -----------------------------------------------------------
+
+# The list's orders: a column, descending with '-'. Ties go by id in the same
+# direction, so every order is total: offset and keyset paging both rely on it.
+CONVERSATION_ORDERS = (
+    "-last_activity_at", "last_activity_at", "-started_at", "started_at", "-input_tokens", "-errors",
+)
 
 
 def conversations_for_project(
     project: Project,
     *,
-    status: str | None = None,
-    model: str | None = None,
-    user_id: str | None = None,
-    has_errors: bool | None = None,
-    search: str | None = None,
-    order: str = "recent",
+    user_id: str = "",
+    model: str = "",
+    status: str = "",
+    has_errors: Optional[bool] = None,
+    tool: str = "",
+    since: Optional[datetime] = None,
+    until: Optional[datetime] = None,
 ) -> QuerySet[Conversation]:
-    """The conversation list with its filters; every filter has an index that starts
-    with the project (see the model)."""
-    queryset = Conversation.objects.filter(project=project)
-    if status:
-        queryset = queryset.filter(status=status)
-    if model:
-        queryset = queryset.filter(model=model)
+    """The conversation list with its filters (unordered; see ``ordered_conversations``).
+    Each equality filter has an index that starts with the project; ``since`` /
+    ``until`` bound started_at (until exclusive)."""
+    qs = Conversation.objects.filter(project=project)
     if user_id:
-        queryset = queryset.filter(user_id=user_id)
+        qs = qs.filter(user_id=user_id)
+    if model:
+        qs = qs.filter(model=model)
+    if status:
+        qs = qs.filter(status=status)
     if has_errors is not None:
-        queryset = queryset.filter(has_errors=has_errors)
-    if search:
-        queryset = queryset.filter(Q(title__icontains=search) | Q(external_id__icontains=search))
-    return queryset.order_by(*CONVERSATION_ORDERS.get(order, CONVERSATION_ORDERS["recent"]))
+        qs = qs.filter(has_errors=has_errors)
+    if since:
+        qs = qs.filter(started_at__gte=since)
+    if until:
+        qs = qs.filter(started_at__lt=until)
+    if tool:
+        # Checked per candidate row on the (conversation, ...) index while the list
+        # index is walked, so it stops once a page is full.
+        qs = qs.filter(Exists(ToolExecution.objects.filter(conversation=OuterRef("pk"), tool_name=tool)))
+    return qs
+
+
+def conversation_text_match(q: str) -> Q:
+    """Conversations whose title, id, round texts or message texts contain q.
+
+    Costs a look at every candidate's texts: callers bound the candidates (the
+    pages search a window of the list at a time)."""
+    return (
+        Q(title__icontains=q)
+        | Q(external_id=q)
+        | Exists(
+            Round.objects.filter(conversation=OuterRef("pk")).filter(
+                Q(user_message__icontains=q) | Q(final_answer__icontains=q)
+            )
+        )
+        | Exists(Message.objects.filter(conversation=OuterRef("pk"), content__icontains=q))
+    )
+
+
+def ordered_conversations(qs: QuerySet[Conversation], sort: str) -> QuerySet[Conversation]:
+    """``qs`` in one of CONVERSATION_ORDERS, ties by id. ValueError for any other."""
+    if sort not in CONVERSATION_ORDERS:
+        raise ValueError(f"unknown conversation order {sort!r}")
+    return qs.order_by(sort, "-id" if sort.startswith("-") else "id")
 
 
 def conversation_for_project(project: Project, external_id: str) -> Conversation:
@@ -67,36 +110,114 @@ def conversation_for_project(project: Project, external_id: str) -> Conversation
     return conversation
 
 
+# --- the timeline of one conversation ----------------------------------------
+
+ROUNDS_PER_PAGE = 100
+# Rows that name no round (or a round the agent never reported) are shown apart.
+UNASSIGNED_LIMIT = 200
+# Observations are loaded when a tool call is opened, not with the timeline.
+HEAVY_TOOL_FIELDS = ("observation", "brief_observation", "standard_observation", "full_observation",
+                     "data_summary", "last_error")
+
+
 @dataclass
-class ConversationTimeline:
-    conversation: Conversation
-    rounds: list[Round] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
+class RoundView:
+    round: Optional[Round]  # None for the "outside any round" group
     tool_executions: list[ToolExecution] = field(default_factory=list)
-    compressions: list[CompressionEvent] = field(default_factory=list)
     skill_activations: list[SkillActivation] = field(default_factory=list)
-    spans: list[Span] = field(default_factory=list)
+    compressions: list[CompressionEvent] = field(default_factory=list)
+
+    @property
+    def events(self) -> list[tuple[str, Any]]:
+        """Tool calls, skill activations and compressions in the order they happened."""
+        tagged: list[tuple[Any, str, Any]] = (
+            [(e.occurred_at, "tool", e) for e in self.tool_executions]
+            + [(s.occurred_at, "skill", s) for s in self.skill_activations]
+            + [(c.occurred_at, "compression", c) for c in self.compressions]
+        )
+        tagged.sort(key=lambda item: item[0])
+        return [(kind, obj) for _, kind, obj in tagged]
 
 
-def conversation_timeline(conversation: Conversation, *, limit: int = 2000) -> ConversationTimeline:
-    """Everything of one conversation, in order (one query per kind of row)."""
-    return ConversationTimeline(
-        conversation=conversation,
-        rounds=list(Round.objects.filter(conversation=conversation).order_by("index", "occurred_at")[:limit]),
-        messages=list(Message.objects.filter(conversation=conversation).order_by("index", "occurred_at")[:limit]),
-        tool_executions=list(
-            ToolExecution.objects.filter(conversation=conversation).order_by("occurred_at")[:limit]
-        ),
-        compressions=list(CompressionEvent.objects.filter(conversation=conversation).order_by("occurred_at")[:limit]),
-        skill_activations=list(
-            SkillActivation.objects.filter(conversation=conversation).order_by("occurred_at")[:limit]
-        ),
-        spans=list(Span.objects.filter(conversation=conversation).order_by("start_time")[:limit]),
+@dataclass
+class Timeline:
+    rounds: list[RoundView]
+    unassigned: Optional[RoundView]  # only on page 1
+    page: int
+    has_next: bool
+    total_rounds: int
+
+    def groups(self) -> list[RoundView]:
+        return self.rounds + ([self.unassigned] if self.unassigned else [])
+
+
+def conversation_timeline(conversation: Conversation, *, page: int = 1) -> Timeline:
+    """One page of rounds (by index), each with what happened in it; page 1 also
+    holds the rows outside any reported round. A constant number of queries
+    whatever the conversation's size: one per kind of row, grouped in Python.
+    Http404 for a page past the end."""
+    total_rounds = Round.objects.filter(conversation=conversation).count()
+    start = (page - 1) * ROUNDS_PER_PAGE
+    rounds = list(
+        Round.objects.filter(conversation=conversation).order_by("index", "id")[start : start + ROUNDS_PER_PAGE + 1]
     )
+    if page > 1 and not rounds:
+        raise Http404("no such page of rounds")
+    has_next = len(rounds) > ROUNDS_PER_PAGE
+    rounds = rounds[:ROUNDS_PER_PAGE]
+    round_ids = [r.round_id for r in rounds]
+    views = {r.round_id: RoundView(round=r) for r in rounds}
+    reported_round_ids = Round.objects.filter(conversation=conversation).values("round_id")
+
+    def grouped(qs: QuerySet[Any]) -> tuple[dict[str, list[Any]], list[Any]]:
+        by_round: dict[str, list[Any]] = defaultdict(list)
+        for row in qs.filter(round_id__in=round_ids).order_by("occurred_at", "id"):
+            by_round[row.round_id].append(row)
+        orphans: list[Any] = []
+        if page == 1:
+            # Rows with no round_id or one that matches no reported round.
+            orphan_qs = qs.exclude(round_id__in=reported_round_ids).order_by("occurred_at", "id")
+            orphans = list(orphan_qs[:UNASSIGNED_LIMIT])
+        return by_round, orphans
+
+    tools, tool_orphans = grouped(ToolExecution.objects.filter(conversation=conversation).defer(*HEAVY_TOOL_FIELDS))
+    skills, skill_orphans = grouped(SkillActivation.objects.filter(conversation=conversation))
+    compressions, compression_orphans = grouped(
+        CompressionEvent.objects.filter(conversation=conversation).defer("result")
+    )
+    for round_id, view in views.items():
+        view.tool_executions = tools.get(round_id, [])
+        view.skill_activations = skills.get(round_id, [])
+        view.compressions = compressions.get(round_id, [])
+
+    unassigned = None
+    if tool_orphans or skill_orphans or compression_orphans:
+        unassigned = RoundView(
+            round=None, tool_executions=tool_orphans, skill_activations=skill_orphans,
+            compressions=compression_orphans,
+        )
+    return Timeline(
+        rounds=[views[r.round_id] for r in rounds], unassigned=unassigned, page=page, has_next=has_next,
+        total_rounds=total_rounds,
+    )
+
+
+# --- tool statistics -----------------------------------------------------------
+
+# Summed column by column from the hourly rollups.
+ROLLUP_SUM_FIELDS = (
+    "calls", "successes", "errors", "retries", "timeouts", "cache_hits", "duration_sum_ms",
+    "brief_tokens", "brief_count", "standard_tokens", "standard_count", "full_tokens", "full_count",
+)
+RECENT_FAILURES = 20
 
 
 @dataclass
 class ToolStats:
+    """One tool's figures over a range. Counts and sums are exact (the rollups are
+    recomputed whole from the rows); percentiles are bucket upper bounds of the
+    merged latency histogram (a floor in the overflow bucket, see is_floor)."""
+
     tool_name: str
     calls: int = 0
     successes: int = 0
@@ -105,96 +226,204 @@ class ToolStats:
     timeouts: int = 0
     cache_hits: int = 0
     duration_sum_ms: float = 0.0
-    latency_histogram: list[int] = field(default_factory=list)
-    tokens_by_level: dict[str, dict[str, int]] = field(default_factory=dict)
-    error_types: dict[str, int] = field(default_factory=dict)
+    brief_tokens: int = 0
+    brief_count: int = 0
+    standard_tokens: int = 0
+    standard_count: int = 0
+    full_tokens: int = 0
+    full_count: int = 0
+    latency_histogram: list[int] = field(default_factory=histogram.empty_histogram)
+    error_types: Counter = field(default_factory=Counter)
+
+    def _per_call(self, value: float) -> Optional[float]:
+        return value / self.calls if self.calls else None
 
     @property
-    def error_rate(self) -> float:
-        return self.errors / self.calls if self.calls else 0.0
+    def success_rate(self) -> Optional[float]:
+        return self._per_call(self.successes)
 
     @property
-    def retry_rate(self) -> float:
-        return self.retries / self.calls if self.calls else 0.0
+    def error_rate(self) -> Optional[float]:
+        return self._per_call(self.errors)
 
     @property
-    def mean_ms(self) -> float | None:
-        return self.duration_sum_ms / self.calls if self.calls else None
+    def retry_rate(self) -> Optional[float]:
+        return self._per_call(self.retries)
 
-    def p(self, q: float) -> float | None:
-        return percentile(self.latency_histogram, q)
+    @property
+    def cache_hit_rate(self) -> Optional[float]:
+        return self._per_call(self.cache_hits)
+
+    @property
+    def mean_duration_ms(self) -> Optional[float]:
+        return self._per_call(self.duration_sum_ms)
+
+    def mean_tokens(self, level: str) -> Optional[float]:
+        """Mean observation tokens of the calls seen at ``level``."""
+        count = getattr(self, f"{level}_count")
+        return getattr(self, f"{level}_tokens") / count if count else None
+
+    @property
+    def mean_brief_tokens(self) -> Optional[float]:
+        return self.mean_tokens("brief")
+
+    @property
+    def mean_standard_tokens(self) -> Optional[float]:
+        return self.mean_tokens("standard")
+
+    @property
+    def mean_full_tokens(self) -> Optional[float]:
+        return self.mean_tokens("full")
+
+    @property
+    def tokens_by_level(self) -> dict[str, dict[str, int]]:
+        return {
+            level: {"tokens": getattr(self, f"{level}_tokens"), "count": getattr(self, f"{level}_count")}
+            for level in LEVELS
+        }
+
+    def percentile(self, q: float) -> Optional[float]:
+        return histogram.percentile(self.latency_histogram, q)
+
+    @property
+    def p50(self) -> Optional[float]:
+        return self.percentile(0.50)
+
+    @property
+    def p95(self) -> Optional[float]:
+        return self.percentile(0.95)
+
+    @property
+    def p99(self) -> Optional[float]:
+        return self.percentile(0.99)
+
+    def is_floor(self, q: float) -> bool:
+        """The q-quantile lies in the overflow bucket: the value is a floor, not a bound."""
+        total = sum(self.latency_histogram)
+        rank = max(1, math.ceil(q * total))
+        return total > 0 and total - self.latency_histogram[-1] < rank
+
+    # How a page writes the bound before the value: "≤ 50 ms", "> 500 s".
+    @property
+    def p50_op(self) -> str:
+        return ">" if self.is_floor(0.50) else "≤"
+
+    @property
+    def p95_op(self) -> str:
+        return ">" if self.is_floor(0.95) else "≤"
+
+    @property
+    def p99_op(self) -> str:
+        return ">" if self.is_floor(0.99) else "≤"
+
+    @property
+    def top_error_types(self) -> list[tuple[str, int]]:
+        return self.error_types.most_common(3)
 
 
 def tool_stats(
-    project: Project, *, since: datetime | None = None, until: datetime | None = None, tool_name: str | None = None
+    project: Project,
+    *,
+    since: Optional[datetime] = None,
+    until: Optional[datetime] = None,
+    tool_name: str = "",
 ) -> list[ToolStats]:
-    """Per-tool statistics over a time range, summed from the hourly rollups (one
-    query). Percentiles come from the merged latency histograms."""
-    rollups = ToolHourlyRollup.objects.filter(project=project)
+    """One ToolStats per tool with rollups in [since, until), busiest first.
+
+    One query: the rollup rows of the range (tools x hours, a few thousand at most
+    for 90 days), merged in Python because histograms and error types are JSON.
+    """
+    qs = ToolHourlyRollup.objects.filter(project=project)
     if since is not None:
-        rollups = rollups.filter(hour__gte=since)
+        qs = qs.filter(hour__gte=since)
     if until is not None:
-        rollups = rollups.filter(hour__lt=until)
-    if tool_name is not None:
-        rollups = rollups.filter(tool_name=tool_name)
-    by_tool: dict[str, ToolStats] = {}
-    histograms: dict[str, list[list[int]]] = {}
-    for rollup in rollups.order_by("tool_name", "hour"):
-        stats = by_tool.setdefault(rollup.tool_name, ToolStats(rollup.tool_name))
-        for name in ("calls", "successes", "errors", "retries", "timeouts", "cache_hits", "duration_sum_ms"):
-            setattr(stats, name, getattr(stats, name) + getattr(rollup, name))
-        histograms.setdefault(rollup.tool_name, []).append(rollup.latency_histogram)
-        for level in ("brief", "standard", "full"):
-            entry = stats.tokens_by_level.setdefault(level, {"tokens": 0, "count": 0})
-            entry["tokens"] += getattr(rollup, f"{level}_tokens")
-            entry["count"] += getattr(rollup, f"{level}_count")
-        for error_type, count in (rollup.error_types or {}).items():
-            stats.error_types[error_type] = stats.error_types.get(error_type, 0) + int(count)
-    for name, stats in by_tool.items():
-        stats.latency_histogram = merge(histograms[name])
-    return sorted(by_tool.values(), key=lambda s: (-s.calls, s.tool_name))
-
-
-def tool_failures(project: Project, *, tool_name: str | None = None, limit: int = 50) -> QuerySet[ToolExecution]:
-    """Recent failed tool executions (the partial failures index)."""
-    queryset = ToolExecution.objects.filter(project=project, success=False)
+        qs = qs.filter(hour__lt=until)
     if tool_name:
-        queryset = queryset.filter(tool_name=tool_name)
-    return queryset.order_by("-occurred_at")[:limit]
+        qs = qs.filter(tool_name=tool_name)
+    stats: dict[str, ToolStats] = {}
+    rows = qs.values("tool_name", "latency_histogram", "error_types", *ROLLUP_SUM_FIELDS)
+    for row in rows.iterator(chunk_size=2000):
+        entry = stats.get(row["tool_name"])
+        if entry is None:
+            entry = stats[row["tool_name"]] = ToolStats(tool_name=row["tool_name"])
+        for name in ROLLUP_SUM_FIELDS:
+            setattr(entry, name, getattr(entry, name) + (row[name] or 0))
+        # Added in place, bucket by bucket (histogram.merge's rule, without a list per row).
+        for i, count in enumerate(list(row["latency_histogram"] or [])[: histogram.BUCKET_COUNT]):
+            entry.latency_histogram[i] += int(count)
+        if isinstance(row["error_types"], dict):
+            for error_type, count in row["error_types"].items():
+                entry.error_types[str(error_type)] += int(count)
+    return sorted(stats.values(), key=lambda s: (-s.calls, s.tool_name))
 
 
-def trace_spans(project: Project, trace_id: str) -> list[Span]:
-    return list(Span.objects.filter(project=project, trace_id=trace_id).order_by("start_time"))
+def level_token_sums() -> dict[str, Sum]:
+    """Aggregates summing each output level's token column, keyed by level (the
+    rollups and the tool executions name these columns alike)."""
+    return {level: Sum(f"{level}_tokens") for level in LEVELS}
+
+
+def recent_failures(project: Project, *, tool_name: str = "", limit: int = RECENT_FAILURES) -> list[ToolExecution]:
+    """The newest failed tool executions, with their conversation (the partial
+    failures index)."""
+    qs = ToolExecution.objects.filter(project=project, success=False)
+    if tool_name:
+        qs = qs.filter(tool_name=tool_name)
+    return list(
+        qs.select_related("conversation")
+        .only(
+            "id", "tool_name", "tool_call_id", "occurred_at", "error_type", "error_code",
+            "error_message", "retry_count", "duration_ms", "output_level", "conversation__id",
+            "conversation__external_id", "conversation__title", "conversation__project_id",
+        )
+        .order_by("-occurred_at")[:limit]
+    )
+
+
+# --- traces ----------------------------------------------------------------------
+
+
+def trace_spans(project: Project, trace_id: str, *, limit: int, with_details: bool = True) -> list[Span]:
+    """Up to ``limit`` spans of a trace in start order (the unique constraint's
+    index). Without details the heavy JSON columns stay in the database."""
+    qs = Span.objects.filter(project=project, trace_id=trace_id).order_by("start_time", "id")
+    if not with_details:
+        qs = qs.defer("attributes", "events", "resource")
+    return list(qs[:limit])
+
+
+# --- artifacts -------------------------------------------------------------------
+
+# A plain "type/subtype" with an optional charset, nothing else.
+_SAFE_TYPE = re.compile(r"^[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]*(; ?charset=[a-z0-9_-]+)?$")
+_EXTENSIONS = {
+    "application/json": ".json",
+    "text/csv": ".csv",
+    "text/plain": ".txt",
+    "text/markdown": ".md",
+    "application/x-ndjson": ".jsonl",
+}
 
 
 def artifacts_for_project(project: Project) -> QuerySet[Artifact]:
-    return Artifact.objects.filter(project=project).order_by("-created_at")
+    return Artifact.objects.filter(project=project)
 
 
 def artifact_for_project(project: Project, artifact_id: str) -> Artifact:
-    artifact = Artifact.objects.filter(project=project, artifact_id=artifact_id).first()
+    artifact = artifacts_for_project(project).filter(artifact_id=artifact_id).first()
     if artifact is None:
         raise Http404("no such artifact")
     return artifact
 
 
-def summary_row(stats: ToolStats) -> dict[str, Any]:
-    """A tool's statistics as plain values (API and pages)."""
-    return {
-        "tool_name": stats.tool_name,
-        "calls": stats.calls,
-        "successes": stats.successes,
-        "errors": stats.errors,
-        "error_rate": round(stats.error_rate, 4),
-        "retries": stats.retries,
-        "retry_rate": round(stats.retry_rate, 4),
-        "timeouts": stats.timeouts,
-        "cache_hits": stats.cache_hits,
-        "mean_ms": None if stats.mean_ms is None else round(stats.mean_ms, 3),
-        "p50_ms": stats.p(0.50),
-        "p95_ms": stats.p(0.95),
-        "p99_ms": stats.p(0.99),
-        "latency_histogram": stats.latency_histogram,
-        "tokens_by_level": stats.tokens_by_level,
-        "error_types": stats.error_types,
-    }
+def download_type(artifact: Artifact) -> str:
+    """The stored content type when it is a well-formed one, else octet-stream:
+    what an agent sent never reaches a header unchecked."""
+    value = (artifact.content_type or "").strip().lower()
+    return value if _SAFE_TYPE.match(value) else "application/octet-stream"
+
+
+def download_name(artifact: Artifact) -> str:
+    """artifact_<hex> plus an extension from the type: never a stored file name."""
+    base_type = download_type(artifact).split(";")[0]
+    return artifact.artifact_id + _EXTENSIONS.get(base_type, ".txt" if base_type.startswith("text/") else ".bin")

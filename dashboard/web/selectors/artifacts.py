@@ -1,4 +1,5 @@
-"""Artifacts: the list, a bounded preview, and a safe download type.
+"""Artifacts pages: the list and a bounded preview (the safe download type and
+name are the domain's, shared with the JSON API's download).
 
 The file is reached only through the storage API from the Artifact row; its stored
 name is a generated one and never leaves the server.
@@ -9,32 +10,16 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from django.db.models import QuerySet
-
 from dashboard.accounts.models import Project
 from dashboard.observatory.models import Artifact
+from dashboard.observatory.selectors import artifacts_for_project, download_type
 
 PAGE_SIZE = 50
 PREVIEW_BYTES = 256 * 1024
 CSV_PREVIEW_ROWS = 200
-ARTIFACT_ID = re.compile(r"^artifact_[0-9a-f]{16,64}$")
-# A plain "type/subtype" with an optional charset, nothing else.
-_SAFE_TYPE = re.compile(r"^[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]*(; ?charset=[a-z0-9_-]+)?$")
-_EXTENSIONS = {
-    "application/json": ".json",
-    "text/csv": ".csv",
-    "text/plain": ".txt",
-    "text/markdown": ".md",
-    "application/x-ndjson": ".jsonl",
-}
-
-
-def artifacts_for(project: Project) -> QuerySet[Artifact]:
-    return Artifact.objects.filter(project=project)
 
 
 def artifact_list(
@@ -43,7 +28,7 @@ def artifact_list(
     """Newest first, keyset by id (ids grow with created_at for uploads)."""
     page_size = page_size or PAGE_SIZE
     qs = (
-        artifacts_for(project)
+        artifacts_for_project(project)
         .select_related("conversation", "tool_execution")
         .only(
             "id", "artifact_id", "size", "content_type", "created_at", "expires_at",
@@ -57,18 +42,6 @@ def artifact_list(
     rows = list(qs[: page_size + 1])
     next_before = rows[page_size - 1].id if len(rows) > page_size else None
     return rows[:page_size], next_before
-
-
-def download_type(artifact: Artifact) -> str:
-    """The stored content type when it is a well-formed one, else octet-stream."""
-    value = (artifact.content_type or "").strip().lower()
-    return value if _SAFE_TYPE.match(value) else "application/octet-stream"
-
-
-def download_name(artifact: Artifact) -> str:
-    """artifact_<hex> plus an extension from the type: never a stored file name."""
-    base_type = download_type(artifact).split(";")[0]
-    return artifact.artifact_id + _EXTENSIONS.get(base_type, ".bin" if not base_type.startswith("text/") else ".txt")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The conversation list: filters, text search and keyset paging.
+"""The conversation list page: keyset paging and windowed text search over the
+domain's filtered list (``observatory.selectors.conversations_for_project``).
 
 Keyset paging (``after`` / ``before`` a (sort value, id) cursor) keeps every page as
 fast as the first on 100k+ rows: the database walks the (project, sort column)
@@ -11,10 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Optional
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Q, QuerySet
 
-from dashboard.accounts.models import Project
-from dashboard.observatory.models import Conversation, Message, Round, ToolExecution
+from dashboard.observatory.models import Conversation
+from dashboard.observatory.selectors import conversation_text_match, ordered_conversations
 
 PAGE_SIZE = 50
 # Conversations a text search looks through per page (see _search_page).
@@ -64,53 +65,6 @@ class ConversationPage:
     searched_until: Optional[datetime] = None
 
 
-def filter_conversations(
-    project: Project,
-    *,
-    user: str = "",
-    model: str = "",
-    status: str = "",
-    has_errors: bool = False,
-    tool: str = "",
-    since: Optional[datetime] = None,
-    until: Optional[datetime] = None,
-) -> QuerySet[Conversation]:
-    qs = Conversation.objects.filter(project=project)
-    if user:
-        qs = qs.filter(user_id=user)
-    if model:
-        qs = qs.filter(model=model)
-    if status:
-        qs = qs.filter(status=status)
-    if has_errors:
-        qs = qs.filter(has_errors=True)
-    if since:
-        qs = qs.filter(started_at__gte=since)
-    if until:
-        qs = qs.filter(started_at__lt=until)
-    if tool:
-        # Checked per candidate row on the (conversation, ...) index while the list
-        # index is walked, so it stops once a page is full.
-        qs = qs.filter(
-            Exists(ToolExecution.objects.filter(conversation=OuterRef("pk"), tool_name=tool))
-        )
-    return qs
-
-
-def text_match(q: str) -> Q:
-    """Conversations whose title, id, round texts or message texts contain q."""
-    return (
-        Q(title__icontains=q)
-        | Q(external_id=q)
-        | Exists(
-            Round.objects.filter(conversation=OuterRef("pk")).filter(
-                Q(user_message__icontains=q) | Q(final_answer__icontains=q)
-            )
-        )
-        | Exists(Message.objects.filter(conversation=OuterRef("pk"), content__icontains=q))
-    )
-
-
 def conversation_page(
     qs: QuerySet[Conversation],
     *,
@@ -120,24 +74,22 @@ def conversation_page(
     q: str = "",
     page_size: int = PAGE_SIZE,
 ) -> ConversationPage:
-    """One page of ``qs`` in ``sort`` order (a field name, '-' for descending),
-    after or before a cursor, optionally searching text ``q``. Raises BadCursor for
-    a cursor we did not make."""
+    """One page of ``qs`` in ``sort`` order (one of the domain's CONVERSATION_ORDERS on
+    a date column: the cursor holds a datetime), after or before a cursor,
+    optionally searching text ``q``. Raises BadCursor for a cursor we did not make."""
     field = sort.lstrip("-")
     descending = sort.startswith("-")
-    id_order = "-id" if descending else "id"
     qs = qs.only(*LIST_FIELDS)
     if q:
-        return _search_page(qs, q, field=field, sort=sort, id_order=id_order, descending=descending,
-                            after=after, page_size=page_size)
+        return _search_page(qs, q, field=field, sort=sort, descending=descending, after=after,
+                            page_size=page_size)
 
     if before:
         cursor = Cursor.decode(before)
         # Walk backwards from the cursor, then flip to display order.
         qs = qs.filter(_beyond(field, cursor, forward=descending))
         reverse_sort = field if descending else f"-{field}"
-        reverse_id = "id" if descending else "-id"
-        rows = list(qs.order_by(reverse_sort, reverse_id)[: page_size + 1])
+        rows = list(ordered_conversations(qs, reverse_sort)[: page_size + 1])
         has_more_before = len(rows) > page_size
         rows = list(reversed(rows[:page_size]))
         return ConversationPage(
@@ -149,8 +101,8 @@ def conversation_page(
 
     if after:
         cursor = Cursor.decode(after)
-        qs = qs.filter(_beyond(field, cursor, forward=descending is False))
-    rows = list(qs.order_by(sort, id_order)[: page_size + 1])
+        qs = qs.filter(_beyond(field, cursor, forward=not descending))
+    rows = list(ordered_conversations(qs, sort)[: page_size + 1])
     has_more = len(rows) > page_size
     rows = rows[:page_size]
     return ConversationPage(
@@ -162,19 +114,17 @@ def conversation_page(
 
 
 def _search_page(
-    qs: QuerySet[Conversation], q: str, *, field: str, sort: str, id_order: str, descending: bool,
-    after: str, page_size: int,
+    qs: QuerySet[Conversation], q: str, *, field: str, sort: str, descending: bool, after: str, page_size: int,
 ) -> ConversationPage:
     """Text search over at most SEARCH_WINDOW conversations (in list order, from the
     cursor): a rare term costs one bounded scan per page instead of a scan of every
     conversation's texts. Paging forward only."""
     if after:
         qs = qs.filter(_beyond(field, Cursor.decode(after), forward=not descending))
-    window = qs.order_by(sort, id_order)
+    window = ordered_conversations(qs, sort)
     window_ids = window.values("id")[:SEARCH_WINDOW]
-    rows = list(
-        qs.filter(id__in=window_ids).filter(text_match(q)).order_by(sort, id_order)[: page_size + 1]
-    )
+    matches = qs.filter(id__in=window_ids).filter(conversation_text_match(q))
+    rows = list(ordered_conversations(matches, sort)[: page_size + 1])
     if len(rows) > page_size:
         rows = rows[:page_size]
         return ConversationPage(rows=rows, next_cursor=_cursor_of(rows[-1], field), prev_cursor=None,

@@ -15,6 +15,7 @@ from django.db.models.functions import TruncDay
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.models import Conversation, ToolHourlyRollup
+from dashboard.observatory.selectors import LEVELS, level_token_sums
 
 
 @dataclass
@@ -41,12 +42,7 @@ def overview_totals(project: Project, *, since: datetime) -> Totals:
         output_tokens=Sum("output_tokens"),
     )
     tools = ToolHourlyRollup.objects.filter(project=project, hour__gte=since).aggregate(
-        calls=Sum("calls"),
-        errors=Sum("errors"),
-        retries=Sum("retries"),
-        brief=Sum("brief_tokens"),
-        standard=Sum("standard_tokens"),
-        full=Sum("full_tokens"),
+        calls=Sum("calls"), errors=Sum("errors"), retries=Sum("retries"), **level_token_sums()
     )
     return Totals(
         conversations=conv["n"] or 0,
@@ -56,7 +52,7 @@ def overview_totals(project: Project, *, since: datetime) -> Totals:
         tool_calls=tools["calls"] or 0,
         tool_errors=tools["errors"] or 0,
         retries=tools["retries"] or 0,
-        observation_tokens=(tools["brief"] or 0) + (tools["standard"] or 0) + (tools["full"] or 0),
+        observation_tokens=_observation_tokens(tools),
     )
 
 
@@ -66,13 +62,7 @@ def daily_trend(project: Project, *, since: datetime) -> dict[str, list[Any]]:
         ToolHourlyRollup.objects.filter(project=project, hour__gte=since)
         .annotate(day=TruncDay("hour"))
         .values("day")
-        .annotate(
-            calls=Sum("calls"),
-            errors=Sum("errors"),
-            brief=Sum("brief_tokens"),
-            standard=Sum("standard_tokens"),
-            full=Sum("full_tokens"),
-        )
+        .annotate(calls=Sum("calls"), errors=Sum("errors"), **level_token_sums())
         .order_by("day")
     )
     labels, calls, errors, tokens = [], [], [], []
@@ -80,5 +70,10 @@ def daily_trend(project: Project, *, since: datetime) -> dict[str, list[Any]]:
         labels.append(row["day"].strftime("%Y-%m-%d"))
         calls.append(row["calls"] or 0)
         errors.append(row["errors"] or 0)
-        tokens.append((row["brief"] or 0) + (row["standard"] or 0) + (row["full"] or 0))
+        tokens.append(_observation_tokens(row))
     return {"labels": labels, "calls": calls, "errors": errors, "tokens": tokens}
+
+
+def _observation_tokens(sums: dict[str, Any]) -> int:
+    """The tokens the model saw: each call counts at the level it was shown at."""
+    return sum(sums[level] or 0 for level in LEVELS)

@@ -8,6 +8,7 @@ from typing import Optional
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.models import Span
+from dashboard.observatory.selectors import trace_spans
 
 SPAN_LIMIT = 1000
 MAX_INDENT = 5  # deeper spans are drawn at this indent (the depth is still shown)
@@ -39,10 +40,7 @@ class Waterfall:
 
 def waterfall(project: Project, trace_id: str, *, with_details: bool = True) -> Optional[Waterfall]:
     """None when the project has no span of that trace."""
-    qs = Span.objects.filter(project=project, trace_id=trace_id).order_by("start_time", "id")
-    if not with_details:
-        qs = qs.defer("attributes", "events", "resource")
-    spans = list(qs[: SPAN_LIMIT + 1])
+    spans = trace_spans(project, trace_id, limit=SPAN_LIMIT + 1, with_details=with_details)
     if not spans:
         return None
     truncated = len(spans) > SPAN_LIMIT

@@ -4,9 +4,10 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
 from dashboard.accounts.models import Project
+from dashboard.observatory.selectors import artifacts_for_project, download_name, download_type
 
 from ..access import project_page
-from ..selectors.artifacts import PREVIEW_BYTES, artifact_list as list_artifacts, artifacts_for, download_name, download_type, preview
+from ..selectors.artifacts import PREVIEW_BYTES, artifact_list as list_artifacts, preview
 
 
 @project_page
@@ -28,7 +29,7 @@ def artifact_list(request: HttpRequest, project: Project) -> HttpResponse:
 @project_page
 def artifact_detail(request: HttpRequest, project: Project, artifact_id: str) -> HttpResponse:
     artifact = get_object_or_404(
-        artifacts_for(project).select_related("conversation", "tool_execution"), artifact_id=artifact_id
+        artifacts_for_project(project).select_related("conversation", "tool_execution"), artifact_id=artifact_id
     )
     try:
         shown = preview(artifact)
@@ -45,7 +46,7 @@ def artifact_detail(request: HttpRequest, project: Project, artifact_id: str) ->
 @project_page
 def artifact_download(request: HttpRequest, project: Project, artifact_id: str) -> FileResponse:
     """The bytes, streamed, as an attachment named after the artifact id."""
-    artifact = get_object_or_404(artifacts_for(project), artifact_id=artifact_id)
+    artifact = get_object_or_404(artifacts_for_project(project), artifact_id=artifact_id)
     try:
         handle = artifact.file.open("rb")
     except OSError:

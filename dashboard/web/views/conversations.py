@@ -4,10 +4,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 
 from dashboard.accounts.models import Project
+from dashboard.observatory.selectors import conversations_for_project
 
 from ..access import project_page
 from ..forms import CONVERSATION_SORTS, ConversationFilterForm
-from ..selectors.conversations import SEARCH_WINDOW, BadCursor, conversation_page, filter_conversations
+from ..selectors.conversations import SEARCH_WINDOW, BadCursor, conversation_page
 
 
 def _list_context(request: HttpRequest, project: Project) -> tuple[dict, int]:
@@ -16,12 +17,12 @@ def _list_context(request: HttpRequest, project: Project) -> tuple[dict, int]:
     if not form.is_valid():
         return context, 400
     data = form.cleaned_data
-    qs = filter_conversations(
+    qs = conversations_for_project(
         project,
-        user=data["user"].strip(),
+        user_id=data["user"].strip(),
         model=data["model"].strip(),
         status=data["status"],
-        has_errors=data["has_errors"],
+        has_errors=True if data["has_errors"] else None,  # an unticked box filters nothing
         tool=data["tool"].strip(),
         since=form.since_datetime(),
         until=form.until_datetime(),

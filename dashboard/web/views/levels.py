@@ -7,8 +7,8 @@ from dashboard.accounts.models import Project
 from dashboard.observatory.models import ToolExecution
 
 from ..access import project_page
-from ..forms import RangeForm
-from ..selectors.tools import level_costs, range_start
+from ..selectors.tools import level_costs
+from .ranges import chosen_range
 
 
 @project_page
@@ -18,8 +18,7 @@ def level_comparison(request: HttpRequest, project: Project, pk: int) -> HttpRes
     execution = get_object_or_404(
         ToolExecution.objects.select_related("conversation"), project=project, pk=pk
     )
-    form = RangeForm(request.GET)
-    since = range_start(form.hours())
+    window = chosen_range(request)
     columns = [
         {
             "level": level,
@@ -37,7 +36,7 @@ def level_comparison(request: HttpRequest, project: Project, pk: int) -> HttpRes
             "nav_section": "tools",
             "execution": execution,
             "columns": columns,
-            "range": form.label(),
-            "costs": level_costs(project, execution.tool_name, since=since),
+            "range": window.label,
+            "costs": level_costs(project, execution.tool_name, since=window.since),
         },
     )

@@ -4,28 +4,25 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from dashboard.accounts.models import Project
+from dashboard.observatory.selectors import recent_failures
 
 from ..access import project_page
-from ..forms import RANGES, RangeForm
 from ..selectors.overview import daily_trend, overview_totals
-from ..selectors.tools import range_start, recent_failures
+from .ranges import chosen_range
 
 
 @project_page
 def overview(request: HttpRequest, project: Project) -> HttpResponse:
-    form = RangeForm(request.GET)
-    since = range_start(form.hours())
+    window = chosen_range(request)
     return render(
         request,
         "web/overview.html",
         {
             "project": project,
             "nav_section": "overview",
-            "range": form.label(),
-            "ranges": list(RANGES),
-            "since": since,
-            "totals": overview_totals(project, since=since),
-            "trend": daily_trend(project, since=since),
+            **window.context(),
+            "totals": overview_totals(project, since=window.since),
+            "trend": daily_trend(project, since=window.since),
             "failures": recent_failures(project, limit=10),
         },
     )

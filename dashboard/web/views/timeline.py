@@ -8,10 +8,11 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import get_object_or_404, render
 
 from dashboard.accounts.models import Project
+from dashboard.observatory import selectors as observatory
 from dashboard.observatory.models import Conversation, Round, ToolExecution
 
 from ..access import project_page
-from ..selectors.timeline import EXPORT_SECTIONS, conversation_for, export_rows, timeline, token_budget
+from ..selectors.timeline import EXPORT_SECTIONS, conversation_for, export_rows, token_budget
 from ..selectors.traces import waterfall
 
 
@@ -28,7 +29,7 @@ def _page_number(request: HttpRequest) -> int:
 @project_page
 def conversation_timeline(request: HttpRequest, project: Project, pk: int) -> HttpResponse:
     conversation = conversation_for(project, pk)
-    view = timeline(conversation, page=_page_number(request))
+    view = observatory.conversation_timeline(conversation, page=_page_number(request))
     first_traced = next((rv.round for rv in view.rounds if rv.round.trace_id), None)
     return render(
         request,

@@ -4,33 +4,24 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from dashboard.accounts.models import Project
+from dashboard.observatory.selectors import recent_failures, tool_stats
 
 from ..access import project_page
-from ..forms import RANGES, RangeForm
-from ..selectors.tools import (
-    exact_or_bucket_percentiles,
-    histogram_chart,
-    level_costs,
-    range_start,
-    recent_failures,
-    tool_stats,
-)
+from ..selectors.tools import exact_or_bucket_percentiles, histogram_chart, level_costs
+from .ranges import chosen_range
 
 
 @project_page
 def tool_list(request: HttpRequest, project: Project) -> HttpResponse:
-    form = RangeForm(request.GET)
-    since = range_start(form.hours())
+    window = chosen_range(request)
     return render(
         request,
         "web/tools.html",
         {
             "project": project,
             "nav_section": "tools",
-            "range": form.label(),
-            "ranges": list(RANGES),
-            "since": since,
-            "stats": tool_stats(project, since=since),
+            **window.context(),
+            "stats": tool_stats(project, since=window.since),
         },
     )
 
@@ -39,8 +30,8 @@ def tool_list(request: HttpRequest, project: Project) -> HttpResponse:
 def tool_detail(request: HttpRequest, project: Project, tool_name: str) -> HttpResponse:
     if len(tool_name) > 200:
         raise Http404("no such tool")
-    form = RangeForm(request.GET)
-    since = range_start(form.hours())
+    window = chosen_range(request)
+    since = window.since
     found = tool_stats(project, since=since, tool_name=tool_name)
     stats = found[0] if found else None
     failures = recent_failures(project, tool_name=tool_name)
@@ -56,9 +47,7 @@ def tool_detail(request: HttpRequest, project: Project, tool_name: str) -> HttpR
             "project": project,
             "nav_section": "tools",
             "tool_name": tool_name,
-            "range": form.label(),
-            "ranges": list(RANGES),
-            "since": since,
+            **window.context(),
             "stats": stats,
             "percentiles": exact_or_bucket_percentiles(project, tool_name, since=since, stats=stats),
             "histogram": histogram_chart(stats.latency_histogram) if stats else None,

@@ -10,6 +10,8 @@ from django.urls import reverse
 from tests.dashboard.web.pages_factories import HOUR, message_record, round_record, store, tool_record
 
 from dashboard.observatory.models import Conversation
+from dashboard.observatory.selectors import CONVERSATION_ORDERS
+from dashboard.web.forms import CONVERSATION_SORTS
 from dashboard.web.selectors.conversations import PAGE_SIZE, Cursor
 
 pytestmark = pytest.mark.django_db
@@ -40,6 +42,12 @@ def list_url(project, **params):
     from urllib.parse import urlencode
 
     return reverse("web:conversations", args=[project.slug]) + ("?" + urlencode(params) if params else "")
+
+
+def test_it_offers_only_orders_the_domain_knows_on_date_columns():
+    """Keyset cursors hold a datetime; the domain refuses any other order."""
+    assert set(CONVERSATION_SORTS) <= set(CONVERSATION_ORDERS)
+    assert all(sort.lstrip("-") in ("last_activity_at", "started_at") for sort in CONVERSATION_SORTS)
 
 
 def test_it_lists_newest_activity_first(client_in, conversations):

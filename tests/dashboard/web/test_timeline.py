@@ -112,9 +112,9 @@ def test_it_keeps_the_query_count_flat(client_in, project, django_assert_max_num
 
 
 def test_it_pages_long_conversations(client_in, project, monkeypatch):
-    from dashboard.web.selectors import timeline
+    from dashboard.observatory import selectors
 
-    monkeypatch.setattr(timeline, "ROUNDS_PER_PAGE", 2)
+    monkeypatch.setattr(selectors, "ROUNDS_PER_PAGE", 2)
     full_conversation(project, "long", rounds=5)
     conversation = Conversation.objects.get(external_id="long")
     first = client_in.get(url(conversation)).content.decode()

@@ -15,6 +15,7 @@ from tests.dashboard.web.pages_factories import HOUR, store, tool_record
 from dashboard.observatory import histogram
 from dashboard.observatory.models import ToolExecution
 from dashboard.web.selectors import tools as tool_selectors
+from dashboard.web.views.ranges import range_start
 
 pytestmark = pytest.mark.django_db
 
@@ -48,7 +49,7 @@ def test_it_matches_a_recomputation_from_the_rows(client_in, executions):
     response = client_in.get(reverse("web:tools", args=[executions.slug]) + "?range=7d")
     assert response.status_code == 200
     body = response.content.decode()
-    since = tool_selectors.range_start(24 * 7)
+    since = range_start(24 * 7)
     for tool in ("query_sales", "load_csv", "web_search"):
         rows = list(ToolExecution.objects.filter(project=executions, tool_name=tool, occurred_at__gte=since))
         calls = len(rows)
@@ -104,7 +105,7 @@ def test_it_shows_tool_detail_with_exact_percentiles_when_small(client_in, execu
     response = client_in.get(reverse("web:tool", args=[executions.slug, "load_csv"]) + "?range=7d")
     assert response.status_code == 200
     body = response.content.decode()
-    since = tool_selectors.range_start(24 * 7)
+    since = range_start(24 * 7)
     durations = sorted(ToolExecution.objects.filter(project=executions, tool_name="load_csv", occurred_at__gte=since)
                        .values_list("duration_ms", flat=True))
     from dashboard.web.templatetags.observatory import duration
@@ -125,7 +126,7 @@ def test_it_uses_bucket_estimates_above_the_exact_limit(client_in, executions, m
 
 def test_it_sums_what_each_level_costs(client_in, executions):
     body = client_in.get(reverse("web:tool", args=[executions.slug, "web_search"]) + "?range=7d").content.decode()
-    since = tool_selectors.range_start(24 * 7)
+    since = range_start(24 * 7)
     rows = ToolExecution.objects.filter(project=executions, tool_name="web_search", occurred_at__gte=since)
     table = re.search(r'data-testid="level-costs">(.*?)</table>', body, re.S).group(1)
     for level in ("brief", "standard", "full"):
@@ -136,7 +137,7 @@ def test_it_sums_what_each_level_costs(client_in, executions):
 
 def test_it_lists_error_types(client_in, executions):
     body = client_in.get(reverse("web:tool", args=[executions.slug, "query_sales"]) + "?range=7d").content.decode()
-    since = tool_selectors.range_start(24 * 7)
+    since = range_start(24 * 7)
     failed = ToolExecution.objects.filter(project=executions, tool_name="query_sales", success=False,
                                           occurred_at__gte=since)
     table = re.search(r'data-testid="error-types">(.*?)</table>', body, re.S).group(1)

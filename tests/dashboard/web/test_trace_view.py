@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 from django.urls import reverse
-from tests.dashboard.web.pages_factories import add_span
+from tests.dashboard.web.pages_factories import HOUR, add_span, full_conversation
 
+from dashboard.accounts.services import apikey_create
+from dashboard.ingest.otlp import MAX_VALUE_CHARS
+from dashboard.observatory.models import Round, Span
 from dashboard.web.selectors import traces
 
 pytestmark = pytest.mark.django_db
@@ -74,3 +80,50 @@ def test_it_keeps_the_query_count_flat(client_in, project, trace, django_assert_
     url = reverse("web:trace", args=[project.slug, trace])
     with django_assert_max_num_queries(6):
         assert client_in.get(url).status_code == 200
+
+
+BADGE = 'data-testid="span-truncated"'
+
+
+def waterfall_label(body: str, name: str) -> str:
+    return re.search(rf'<td class="label[^"]*" title="{re.escape(name)}">(.*?)</td>', body, re.S).group(1)
+
+
+def span_summary(body: str, span_id: str) -> str:
+    return re.search(rf'<details class="panel span-detail" id="span-{span_id}">\s*<summary>(.*?)</summary>',
+                     body, re.S).group(1)
+
+
+def test_it_badges_the_spans_that_ingest_cut_and_only_those(client, member, project):
+    """Through the real OTLP ingest: one span with an attribute over the value limit."""
+    _, key = apikey_create(project=project)
+    start = int(HOUR.timestamp() * 1e9)
+
+    def otlp_span(span_id: str, name: str, value: str) -> dict:
+        return {"traceId": "c" * 32, "spanId": span_id, "name": name, "kind": 1,
+                "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + 5_000_000),
+                "attributes": [{"key": "payload", "value": {"stringValue": value}}]}
+
+    body = {"resourceSpans": [{"scopeSpans": [{"spans": [
+        otlp_span("1" * 16, "cut.span", "x" * (MAX_VALUE_CHARS + 10)),
+        otlp_span("2" * 16, "whole.span", "small"),
+    ]}]}]}
+    response = client.post("/v1/traces", data=json.dumps(body), content_type="application/json",
+                           headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200
+    assert dict(Span.objects.filter(project=project).values_list("name", "truncated")) == {
+        "cut.span": True, "whole.span": False}
+
+    client.force_login(member)
+    page = client.get(reverse("web:trace", args=[project.slug, "c" * 32])).content.decode()
+    assert BADGE in waterfall_label(page, "cut.span") and BADGE in span_summary(page, "1" * 16)
+    assert BADGE not in waterfall_label(page, "whole.span") and BADGE not in span_summary(page, "2" * 16)
+    assert page.count(BADGE) == 2
+
+
+def test_it_badges_a_truncated_span_in_the_conversation_waterfall(client_in, project):
+    full_conversation(project, "conv-t", rounds=1, trace_id="d" * 32)
+    add_span(project, "d" * 32, "1" * 16, "agent.round", duration_ms=100, truncated=True)
+    round_ = Round.objects.get(conversation__external_id="conv-t")
+    partial = client_in.get(reverse("web:round_waterfall", args=[project.slug, round_.pk])).content.decode()
+    assert BADGE in waterfall_label(partial, "agent.round")
