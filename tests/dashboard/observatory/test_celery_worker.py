@@ -31,6 +31,7 @@ def worker(settings):
 
     saved = {key: app.conf[key] for key in ("broker_url", "task_always_eager")}
     app.conf.update(broker_url=REDIS_URL, task_always_eager=False)
+    forget_connections(app)  # an earlier test may have pooled connections to the default broker
     settings.CELERY_TASK_ALWAYS_EAGER = False  # ingest now enqueues instead of running in-process
     settings.CELERY_BROKER_URL = REDIS_URL
     with app.connection_for_write() as connection:
@@ -38,6 +39,14 @@ def worker(settings):
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10, loglevel="WARNING"):
         yield app
     app.conf.update(saved)
+    forget_connections(app)
+
+
+def forget_connections(app):
+    """Drop the connection and producer pools Celery caches, so the next send uses the
+    broker_url now configured (Celery itself does this only after a fork)."""
+    app._pool = None
+    app.amqp._producer_pool = None
 
 
 def wait_for(condition, timeout=30.0):
