@@ -4,9 +4,11 @@ compression diff is drawn from."""
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ._bounds import MAX_COST_USD, MAX_COUNT, MAX_DURATION_MS
 
 
 class CompressionMode(str, Enum):
@@ -34,13 +36,13 @@ class MessageChange(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    index: int = Field(ge=0)  # position in the original list
+    index: int = Field(ge=0, le=MAX_COUNT)  # position in the original list
     role: str = Field(max_length=32)
     priority: MessagePriority
     action: MessageAction
-    tokens_before: int = Field(ge=0)
-    tokens_after: int = Field(ge=0)  # 0 when dropped or summarised away
-    new_index: Optional[int] = Field(default=None, ge=0)  # position in the new list
+    tokens_before: int = Field(ge=0, le=MAX_COUNT)
+    tokens_after: int = Field(ge=0, le=MAX_COUNT)  # 0 when dropped or summarised away
+    new_index: Optional[int] = Field(default=None, ge=0, le=MAX_COUNT)  # position in the new list
     summary_id: Optional[str] = None  # set when action is SUMMARIZED
     tool_call_ids: list[str] = Field(default_factory=list)  # calls made or answered
     reason: str = ""  # why, in words a person reads on the diff page
@@ -56,12 +58,12 @@ class CompressionSummary(BaseModel):
 
     summary_id: str
     text: str
-    replaced_indices: list[int]
-    tokens: int = Field(ge=0)
-    new_index: Optional[int] = Field(default=None, ge=0)
+    replaced_indices: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]]
+    tokens: int = Field(ge=0, le=MAX_COUNT)
+    new_index: Optional[int] = Field(default=None, ge=0, le=MAX_COUNT)
     summarizer: str = "extractive"
     cached: bool = False
-    estimated_cost_usd: float = Field(default=0.0, ge=0)
+    estimated_cost_usd: float = Field(default=0.0, ge=0, le=MAX_COST_USD)
 
 
 class CompressionResult(BaseModel):
@@ -73,17 +75,17 @@ class CompressionResult(BaseModel):
     requested_mode: Optional[CompressionMode] = None  # differs from mode on a fallback
     fallback_reason: Optional[str] = None
     model: Optional[str] = None
-    target_tokens: int = Field(ge=0)
-    tokens_before: int = Field(ge=0)
-    tokens_after: int = Field(ge=0)
-    messages_before: int = Field(ge=0)
-    messages_after: int = Field(ge=0)
+    target_tokens: int = Field(ge=0, le=MAX_COUNT)
+    tokens_before: int = Field(ge=0, le=MAX_COUNT)
+    tokens_after: int = Field(ge=0, le=MAX_COUNT)
+    messages_before: int = Field(ge=0, le=MAX_COUNT)
+    messages_after: int = Field(ge=0, le=MAX_COUNT)
     target_met: bool
     only_protected_remain: bool = False  # target missed because only protected messages were left
     changes: list[MessageChange] = Field(default_factory=list)
     summaries: list[CompressionSummary] = Field(default_factory=list)
     config: dict[str, Any] = Field(default_factory=dict)  # snapshot of the config in force
-    duration_ms: float = Field(default=0.0, ge=0)
+    duration_ms: float = Field(default=0.0, ge=0, le=MAX_DURATION_MS)
 
     def count(self, action: MessageAction) -> int:
         return sum(1 for change in self.changes if change.action is action)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ._bounds import MAX_BYTES, MAX_COUNT, MAX_DURATION_MS, MAX_RETRIES
 from ._levels import OutputLevel, _render, canonical_json, summarize_data, to_json
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,7 +45,7 @@ class ToolInvocationRequest(BaseModel):
     tool_version: str = "1.0.0"
     parameters: dict[str, Any] = Field(default_factory=dict)
     output_level: Optional[OutputLevel] = None
-    timeout_ms: int = Field(default=120_000, gt=0)
+    timeout_ms: int = Field(default=120_000, gt=0, le=MAX_COUNT)
     retry_on_timeout: bool = True
     caller_id: str = "agent"
     permission_level: str = "default"
@@ -136,11 +137,11 @@ class ToolExecutionResult(BaseModel):
     output_level: OutputLevel = OutputLevel.STANDARD
 
     artifact_id: Optional[str] = Field(default=None, pattern=r"^artifact_[0-9a-f]{16,64}$")
-    data_size_bytes: int = Field(default=0, ge=0)
+    data_size_bytes: int = Field(default=0, ge=0, le=MAX_BYTES)
     data_hash: Optional[str] = None
     data_summary: Optional[str] = None
 
-    retry_count: int = Field(default=0, ge=0)
+    retry_count: int = Field(default=0, ge=0, le=MAX_RETRIES)
     last_error: Optional[str] = None
 
     success: bool
@@ -148,9 +149,9 @@ class ToolExecutionResult(BaseModel):
     error_type: Optional[str] = None
     error_message: Optional[str] = None
 
-    duration_ms: float = Field(default=0.0, ge=0)
+    duration_ms: float = Field(default=0.0, ge=0, le=MAX_DURATION_MS)
     # Engineering data beyond the seeds' fields: never shown to the model.
-    observation_tokens: int = Field(default=0, ge=0)
+    observation_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
     cache_hit: bool = False
     # What degraded without failing the call (artifact store or token counter down).
     warnings: list[str] = Field(default_factory=list, max_length=20)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from ._bounds import MAX_COUNT, MAX_DURATION_MS
 from ._compression_types import CompressionResult
 from ._levels import OutputLevel
 from ._models import ToolExecutionResult
@@ -85,7 +86,7 @@ class LevelRendering(BaseModel):
 
     level: OutputLevel
     observation: str
-    tokens: int = Field(ge=0)
+    tokens: int = Field(ge=0, le=MAX_COUNT)
 
 
 class ToolResultRecord(_Record):
@@ -121,20 +122,20 @@ class ToolCall(BaseModel):
 class MessageRecord(_Record):
     type: Literal["message"] = "message"
     round_id: Optional[Identifier] = None
-    index: int = Field(ge=0)  # position in the conversation
+    index: int = Field(ge=0, le=MAX_COUNT)  # position in the conversation
     role: Role
     content: str
     name: Optional[str] = Field(default=None, max_length=200)
     tool_calls: list[ToolCall] = Field(default_factory=list, max_length=MAX_TOOL_CALLS)
     tool_call_id: Optional[Identifier] = None
     is_meta: bool = False  # hidden from the user (skill injections)
-    tokens: Optional[int] = Field(default=None, ge=0)
+    tokens: Optional[int] = Field(default=None, ge=0, le=MAX_COUNT)
 
 
 class RoundRecord(_Record):
     type: Literal["round"] = "round"
     round_id: Identifier
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=MAX_COUNT)
     trace_id: Optional[TraceId] = None
     model: Optional[Identifier] = None
     user_id: Optional[Identifier] = None
@@ -142,11 +143,11 @@ class RoundRecord(_Record):
     thoughts: list[str] = Field(default_factory=list, max_length=MAX_THOUGHTS)
     final_answer: Optional[str] = None
     status: Literal["ok", "error"] = "ok"
-    context_tokens: int = Field(default=0, ge=0)  # context size sent to the model this round
-    context_window: Optional[int] = Field(default=None, gt=0)
+    context_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)  # context size sent to the model this round
+    context_window: Optional[int] = Field(default=None, gt=0, le=MAX_COUNT)
     compression_threshold: Optional[float] = Field(default=None, gt=0, le=1)
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
+    input_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
+    output_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
     started_at: Optional[datetime] = None
     ended_at: Optional[datetime] = None
 
@@ -172,14 +173,14 @@ class SkillActivationRecord(_Record):
     skill_name: Identifier
     activation_id: Identifier
     load_level: Literal[1, 2, 3]
-    depth: int = Field(default=0, ge=0)
+    depth: int = Field(default=0, ge=0, le=MAX_COUNT)
     chain: list[Identifier] = Field(default_factory=list, max_length=MAX_CHAIN)
-    tokens_loaded: int = Field(default=0, ge=0)
+    tokens_loaded: int = Field(default=0, ge=0, le=MAX_COUNT)
     # resource names relative to the skill
     resources: list[str] = Field(default_factory=list, max_length=MAX_RESOURCES)
     success: bool = True
     error: Optional[str] = None
-    duration_ms: float = Field(default=0.0, ge=0)
+    duration_ms: float = Field(default=0.0, ge=0, le=MAX_DURATION_MS)
 
 
 Record = Annotated[
@@ -268,7 +269,7 @@ def parse_record(data: Any) -> Record:
 class RejectedRecord(BaseModel):
     """One record of a batch the dashboard refused, by its position in the batch."""
 
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=MAX_COUNT)
     error: str = Field(max_length=2_000)
 
 
@@ -279,6 +280,6 @@ class IngestResponse(BaseModel):
     are ignored: a newer dashboard may say more than this reader knows.
     """
 
-    accepted: int = Field(default=0, ge=0)
-    duplicates: int = Field(default=0, ge=0)  # record_ids already stored (a retried batch)
+    accepted: int = Field(default=0, ge=0, le=MAX_COUNT)
+    duplicates: int = Field(default=0, ge=0)  # record_ids already stored (a retried batch, le=MAX_COUNT)
     rejected: list[RejectedRecord] = Field(default_factory=list)

@@ -310,3 +310,33 @@ def test_it_reads_the_ingest_response_and_ignores_unknown_keys() -> None:
 def test_it_builds_records_with_typed_enums() -> None:
     record = CompressionRecord.model_validate(compression())
     assert isinstance(record.result, CompressionResult) and record.result.mode is CompressionMode.TRUNCATE
+
+
+# --- numbers every column downstream can hold ----------------------------------------
+
+@pytest.mark.parametrize("build, path, value", [
+    (round_, ("index",), 2**31),
+    (round_, ("input_tokens",), 2**63),
+    (message, ("tokens",), 10**20),
+    (tool_result, ("result", "retry_count"), 1_001),
+    (tool_result, ("result", "data_size_bytes"), 2**64),
+    (tool_result, ("result", "duration_ms"), 1e308),
+    (tool_result, ("result", "duration_ms"), float("inf")),
+    (tool_result, ("result", "duration_ms"), float("nan")),
+    (compression, ("result", "messages_after"), 255_927_610_201),
+    (compression, ("result", "duration_ms"), float("inf")),
+    (skill, ("tokens_loaded",), 2**40),
+])
+def test_it_refuses_numbers_past_what_the_dashboard_can_store(build: Any, path: tuple[str, ...], value: Any) -> None:
+    data = build()
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(RecordSchemaError):
+        parse_record(data)
+
+
+def test_it_accepts_numbers_at_the_bounds() -> None:
+    data = round_(index=2**31 - 1, input_tokens=2**31 - 1)
+    assert parse_record(data).index == 2**31 - 1

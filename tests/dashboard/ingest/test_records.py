@@ -288,3 +288,18 @@ def test_it_rejects_a_record_id_that_is_not_a_uuid(client, auth, records):
     response = post(client, {"records": [bad]}, auth)
     assert response.json()["accepted"] == 0
     assert response.json()["rejected"][0]["index"] == 0
+
+
+def test_it_rejects_numbers_no_column_can_hold_instead_of_failing_the_batch(client, auth, records):
+    # Found by fuzzing the OpenAPI document: a huge integer reached the INSERT (a 500).
+    huge_index = records.round(index=3_787_634_877_088_000_000_000)
+    huge_tokens = records.message(tokens=2**40)
+    endless = records.tool_result(result={"duration_ms": 12345.5})
+    raw = json.dumps({"records": [records.message(), huge_index, huge_tokens, endless]})
+    raw = raw.replace("12345.5", "1e309")  # a number literal Python's json parses as infinity
+    response = post(client, None, auth, raw=raw.encode())
+    assert response.status_code == 200
+    body = response.json()
+    assert body["accepted"] == 1
+    assert [r["index"] for r in body["rejected"]] == [1, 2, 3]
+    assert stored_rows() == 1
