@@ -37,7 +37,10 @@ class _Pending:
 
 
 class DerivationRunner:
-    """Merges derivation requests and runs them on one daemon thread."""
+    """Merges derivation requests and runs them on one daemon thread. A failed pass is
+    put back and tried again (up to MAX_RETRIES times in a row, waiting longer each time)."""
+
+    MAX_RETRIES = 3
 
     def __init__(self, *, delay_seconds: float, beat_interval_seconds: float = 60.0) -> None:
         self.delay_seconds = delay_seconds
@@ -51,6 +54,7 @@ class DerivationRunner:
         self._thread: threading.Thread | None = None
         self._last_hourly: float = 0.0  # monotonic time of the last hourly pass
         self._last_purge_day: str | None = None
+        self._failures = 0  # failed passes in a row
 
     def submit(self, project_id: int, conversation_ids: list[int], hours: list[str]) -> None:
         with self._lock:
@@ -77,6 +81,13 @@ class DerivationRunner:
             self._thread = threading.Thread(target=self._loop, name="observatory-derive", daemon=True)
             self._thread.start()
 
+    def _requeue(self, work: dict[int, _Pending]) -> None:
+        with self._lock:
+            for project_id, pending in work.items():
+                self._pending[project_id].conversation_ids.update(pending.conversation_ids)
+                self._pending[project_id].hours.update(pending.hours)
+        self._wake.set()
+
     def _take(self) -> dict[int, _Pending]:
         with self._lock:
             taken, self._pending = self._pending, defaultdict(_Pending)
@@ -88,12 +99,23 @@ class DerivationRunner:
             self._wake.clear()
             if self._stop.is_set():
                 break
-            time.sleep(self.delay_seconds)  # let a burst of batches pile up
+            # Let a burst of batches pile up; wait longer after failed passes.
+            time.sleep(self.delay_seconds * (1 + self._failures))
+            work = self._take()
             try:
-                self._run(self._take())
+                self._run(work)
+                self._failures = 0
+            except Exception:  # never let the thread die
+                self._failures += 1
+                logger.exception("derivation pass failed (%d in a row)", self._failures)
+                if self._failures <= self.MAX_RETRIES:
+                    self._requeue(work)  # tasks recompute from rows: running them again is safe
+                else:
+                    self._failures = 0  # leave this work to the hourly pass; new work starts afresh
+            try:
                 self._beat()
-            except Exception:  # never let the thread die; the hourly pass repairs
-                logger.exception("derivation pass failed")
+            except Exception:  # a failed hourly or daily job runs again at its next time
+                logger.exception("scheduled derivation failed")
             finally:
                 close_old_connections()
                 connections.close_all()
