@@ -107,6 +107,7 @@ __all__ += [
     "to_json",
 ]
 from ._artifacts import (
+    ARTIFACT_ID_PATTERN,
     ARTIFACT_ID_RE,
     THRESHOLD_BYTES,
     ArtifactInfo,
@@ -127,6 +128,7 @@ from ._tokens import (
 )
 
 __all__ += [
+    "ARTIFACT_ID_PATTERN",
     "ARTIFACT_ID_RE",
     "THRESHOLD_BYTES",
     "ArtifactInfo",

@@ -50,7 +50,9 @@ from ._exceptions import ArtifactError, ArtifactNotFound, InvalidArtifactId
 
 logger = logging.getLogger(__name__)
 
-ARTIFACT_ID_RE = r"^artifact_[0-9a-f]{16,64}$"
+#: The form of an artifact id, unanchored (for URL converters and searching text) and anchored.
+ARTIFACT_ID_PATTERN = "artifact_[0-9a-f]{16,64}"
+ARTIFACT_ID_RE = f"^{ARTIFACT_ID_PATTERN}$"
 _ARTIFACT_ID = re.compile(ARTIFACT_ID_RE)
 _MAX_ID_LENGTH = len("artifact_") + 64
 #: Data of this size or more goes to the store instead of the observation (the

@@ -37,13 +37,14 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from pydantic import ValidationError
 
+from ._artifacts import ARTIFACT_ID_RE
 from ._levels import OutputLevel
 from ._models import ToolExecutionResult, ToolInvocationRequest
 from ._records import IngestResponse, LevelRendering, RecordSchemaError, ToolResultRecord, _Record, parse_record
 
 logger = logging.getLogger("pipeline.exporter")
 
-ARTIFACT_ID = re.compile(r"^artifact_[0-9a-f]{16,64}$")
+ARTIFACT_ID = re.compile(ARTIFACT_ID_RE)
 MAX_RESPONSE_BYTES = 1 << 20  # an answer bigger than this is not one we asked for
 
 Headers = Mapping[str, str]

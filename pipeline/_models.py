@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ._artifacts import ARTIFACT_ID_RE
 from ._bounds import MAX_BYTES, MAX_COUNT, MAX_DURATION_MS, MAX_RETRIES
 from ._levels import OutputLevel, _render, canonical_json, summarize_data, to_json
 
@@ -136,7 +137,7 @@ class ToolExecutionResult(BaseModel):
     observation: str
     output_level: OutputLevel = OutputLevel.STANDARD
 
-    artifact_id: Optional[str] = Field(default=None, pattern=r"^artifact_[0-9a-f]{16,64}$")
+    artifact_id: Optional[str] = Field(default=None, pattern=ARTIFACT_ID_RE)
     data_size_bytes: int = Field(default=0, ge=0, le=MAX_BYTES)
     data_hash: Optional[str] = None
     data_summary: Optional[str] = None

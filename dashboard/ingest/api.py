@@ -17,12 +17,11 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
-from django.urls import register_converter
-from django.urls.converters import get_converters
 from ninja import Router, Schema, Status
 from ninja.security.http import HttpAuthBase
 from pydantic import TypeAdapter
 
+from dashboard import converters  # noqa: F401  (registers artifact_id)
 from dashboard.observatory.services import artifact_store, derivations_enqueue, records_store
 from dashboard.tuning.services import config_body_and_etag, effective_config
 from pipeline import IngestResponse, Record, RecordSchemaError, parse_record
@@ -35,21 +34,6 @@ CONTENT_TYPE_PATTERN = re.compile(r"^[A-Za-z0-9!#$&^_.+-]{1,64}/[A-Za-z0-9!#$&^_
 ERROR_LENGTH = 300
 
 
-class ArtifactIdConverter:
-    """``artifact_`` + 16 to 64 lowercase hex: anything else (``../``, a path, NUL)
-    never reaches the view; the URL simply does not match (404)."""
-
-    regex = "artifact_[0-9a-f]{16,64}"
-
-    def to_python(self, value: str) -> str:
-        return value
-
-    def to_url(self, value: str) -> str:
-        return value
-
-
-if "artifact_id" not in get_converters():  # the pages register the same converter
-    register_converter(ArtifactIdConverter, "artifact_id")
 
 
 class ApiKeyAuth(HttpAuthBase):

@@ -13,6 +13,7 @@ from django.http import FileResponse, Http404, HttpRequest
 from ninja import Field, Query, Router, Schema
 from ninja.security import django_auth
 
+from dashboard import converters  # noqa: F401  (registers artifact_id)
 from dashboard.accounts.selectors import project_for_user
 
 from . import selectors

@@ -1,33 +1,11 @@
 """The pages. Everything project-scoped lives under /p/<slug>/; ids in paths are
 checked by converters before a view runs (a malformed one is a 404)."""
 
-from django.urls import path, register_converter
+from django.urls import path
+
+from dashboard import converters  # noqa: F401  (registers artifact_id and trace_id)
 
 from .views import artifacts, compressions, conversations, home, keys, levels, overview, timeline, tools, traces
-
-
-class TraceIdConverter:
-    regex = "[0-9a-f]{32}"
-
-    def to_python(self, value: str) -> str:
-        return value
-
-    def to_url(self, value: str) -> str:
-        return value
-
-
-class ArtifactIdConverter:
-    regex = "artifact_[0-9a-f]{16,64}"
-
-    def to_python(self, value: str) -> str:
-        return value
-
-    def to_url(self, value: str) -> str:
-        return value
-
-
-register_converter(TraceIdConverter, "web_trace_id")
-register_converter(ArtifactIdConverter, "web_artifact_id")
 
 app_name = "web"
 P = "p/<slug:project_slug>/"
@@ -46,9 +24,9 @@ urlpatterns = [
     path(P + "tools/<path:tool_name>/", tools.tool_detail, name="tool"),
     path(P + "compressions/<int:pk>/", compressions.compression_detail, name="compression"),
     path(P + "artifacts/", artifacts.artifact_list, name="artifacts"),
-    path(P + "artifacts/<web_artifact_id:artifact_id>/", artifacts.artifact_detail, name="artifact"),
-    path(P + "artifacts/<web_artifact_id:artifact_id>/download", artifacts.artifact_download, name="artifact_download"),
-    path(P + "traces/<web_trace_id:trace_id>/", traces.trace_detail, name="trace"),
+    path(P + "artifacts/<artifact_id:artifact_id>/", artifacts.artifact_detail, name="artifact"),
+    path(P + "artifacts/<artifact_id:artifact_id>/download", artifacts.artifact_download, name="artifact_download"),
+    path(P + "traces/<trace_id:trace_id>/", traces.trace_detail, name="trace"),
     path(P + "keys/", keys.key_list, name="keys"),
     path(P + "keys/<int:pk>/revoke/", keys.key_revoke, name="key_revoke"),
 ]

@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
-_ARTIFACT = re.compile(r"artifact_[0-9a-f]{16,64}")
+from .. import ARTIFACT_ID_PATTERN
+
+_ARTIFACT = re.compile(ARTIFACT_ID_PATTERN)
 
 
 @dataclass
