@@ -177,15 +177,13 @@ class _Bounded:
             self.budget = 0
         else:
             self.budget -= size
-        if "\x00" in text:  # PostgreSQL text and jsonb refuse NUL
-            text = text.replace("\x00", "\ufffd")
-        return text
+        return _clean(text)
 
     def _key(self, key: str) -> str:
         if len(key) > MAX_KEY_CHARS:
             self.truncated = True
             key = key[:MAX_KEY_CHARS] + TRUNCATION_MARKER
-        return key.replace("\x00", "\ufffd") if "\x00" in key else key
+        return _clean(key)
 
     def name(self, text: str) -> str:
         """Text outside the attributes (an event name, a status message): a value
@@ -647,6 +645,7 @@ def _add_scope(attributes: dict[str, Any], name: str, version: str) -> None:
 
 
 def _clean(text: str) -> str:
+    """PostgreSQL text and jsonb refuse NUL: store U+FFFD in its place."""
     return text.replace("\x00", "\ufffd") if "\x00" in text else text
 
 
