@@ -48,6 +48,8 @@ from typing import Iterator
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from benchmarks import run_threads
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 GUNICORN = str(Path(PYTHON).with_name("gunicorn"))
@@ -330,15 +332,10 @@ def send_all(port: int, path: str, content_type: str, key: str, bodies: list[byt
                 break
         connection.close()
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    elapsed = run_threads([client] * clients)
     if first_failure:
         print(f"  first failure: {first_failure[0]}", flush=True)
-    return time.perf_counter() - started, counters["retries"], counters["failures"]
+    return elapsed, counters["retries"], counters["failures"]
 
 
 def warm_up(port: int, key: str, *, clients: int) -> None:

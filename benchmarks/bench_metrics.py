@@ -6,11 +6,12 @@ Run: .venv/bin/python -m benchmarks.bench_metrics
 
 from __future__ import annotations
 
+from functools import partial
 import random
-import threading
 import time
 import tracemalloc
 
+from benchmarks import run_threads
 from pipeline import MetricsCollector, OutputLevel, ToolMetrics
 
 TOOLS = ["query_database", "vector_search", "run_python", "web_search", "calculator"]
@@ -41,13 +42,7 @@ def record_rate(threads: int, total: int = 200_000) -> float:
         for index, metrics in enumerate(part):
             collector.record_tool_call(metrics, f"conv-{(worker + index) % 100}")
 
-    pool = [threading.Thread(target=work, args=(parts[n], n)) for n in range(threads)]
-    started = time.perf_counter()
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_threads([partial(work, parts[n], n) for n in range(threads)])
     assert collector.get_global_stats()["total_tool_calls"] == total
     return total / elapsed
 

@@ -10,13 +10,14 @@ Run: .venv/bin/python -m benchmarks.bench_skills
 
 from __future__ import annotations
 
+from functools import partial
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from benchmarks import run_threads
 from pipeline import (
     LockManager,
     MessageInjectionProtocol,
@@ -77,13 +78,7 @@ def injection_rate(conversations: int, threads: int = 16, per_thread: int = 500)
             target = (worker + index) % conversations
             MessageInjectionProtocol.inject_into_state(batch, f"conv-{target}", states[target], manager)
 
-    pool = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
-    started = time.perf_counter()
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_threads([partial(work, n) for n in range(threads)])
     stored = sum(len(s.messages) for s in states)
     assert stored == threads * per_thread * len(batch), "lost messages"
     assert len(manager) == 0, "lock table not empty"
