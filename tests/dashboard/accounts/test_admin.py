@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Permission
 
-from dashboard.accounts.models import ApiKey, Project
+from dashboard.accounts.models import ApiKey
 from dashboard.accounts.services import apikey_create
 
 pytestmark = pytest.mark.django_db

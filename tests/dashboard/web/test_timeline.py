@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 
 import pytest
 from django.urls import reverse
-from tests.dashboard.web.pages_factories import HOUR, add_span, full_conversation, round_record, store, tool_record
+from tests.dashboard.web.pages_factories import add_span, full_conversation, round_record, store, tool_record
 
 from dashboard.observatory.models import CompressionEvent, Conversation, Round, ToolExecution
 
