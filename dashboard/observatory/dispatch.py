@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 class _Pending:
     conversation_ids: set[int] = field(default_factory=set)
     hours: set[str] = field(default_factory=set)
+    artifact_ids: set[str] = field(default_factory=set)
 
 
 class DerivationRunner:
@@ -56,11 +58,10 @@ class DerivationRunner:
         self._last_purge_day: str | None = None
         self._failures = 0  # failed passes in a row
 
-    def submit(self, project_id: int, conversation_ids: list[int], hours: list[str]) -> None:
+    def submit(self, project_id: int, conversation_ids: Iterable[int], hours: Iterable[str],
+               artifact_ids: Iterable[str] = ()) -> None:
         with self._lock:
-            pending = self._pending[project_id]
-            pending.conversation_ids.update(conversation_ids)
-            pending.hours.update(hours)
+            self._merge(project_id, conversation_ids, hours, artifact_ids)
             self._idle.clear()
             self._ensure_thread()
         self._wake.set()
@@ -71,9 +72,13 @@ class DerivationRunner:
         return self._idle.wait(timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Finish what is pending, then end the thread (waiting at most ``timeout`` for each)."""
         self.flush(timeout)
         self._stop.set()
         self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def _ensure_thread(self) -> None:
         # Started on first use, so under gunicorn each worker gets its own thread after fork.
@@ -81,11 +86,18 @@ class DerivationRunner:
             self._thread = threading.Thread(target=self._loop, name="observatory-derive", daemon=True)
             self._thread.start()
 
+    def _merge(self, project_id: int, conversation_ids: Iterable[int], hours: Iterable[str],
+               artifact_ids: Iterable[str]) -> None:
+        """Add work to what is pending (the caller holds the lock)."""
+        pending = self._pending[project_id]
+        pending.conversation_ids.update(conversation_ids)
+        pending.hours.update(hours)
+        pending.artifact_ids.update(artifact_ids)
+
     def _requeue(self, work: dict[int, _Pending]) -> None:
         with self._lock:
             for project_id, pending in work.items():
-                self._pending[project_id].conversation_ids.update(pending.conversation_ids)
-                self._pending[project_id].hours.update(pending.hours)
+                self._merge(project_id, pending.conversation_ids, pending.hours, pending.artifact_ids)
         self._wake.set()
 
     def _take(self) -> dict[int, _Pending]:
@@ -116,9 +128,11 @@ class DerivationRunner:
                 self._beat()
             except Exception:  # a failed hourly or daily job runs again at its next time
                 logger.exception("scheduled derivation failed")
-            finally:
+            try:
                 close_old_connections()
                 connections.close_all()
+            except Exception:  # nothing may end the thread
+                logger.exception("closing the derivation thread's connections failed")
             with self._lock:
                 if not self._pending:
                     self._idle.set()
@@ -133,6 +147,8 @@ class DerivationRunner:
                 tasks.conversation_totals_refresh(ids)
             if pending.hours:
                 tasks.tool_rollups_refresh(project_id, sorted(pending.hours))
+            if pending.artifact_ids:
+                tasks.links_refresh(project_id, None, sorted(pending.artifact_ids))
 
     def _beat(self) -> None:
         from django.utils import timezone
@@ -162,7 +178,7 @@ def runner() -> DerivationRunner:
         return _runner
 
 
-def derive(project_id: int, conversation_ids: list[int], hours: list[str]) -> None:
+def derive(project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str]) -> None:
     """Called after commit: hand the work to Celery, to the in-process runner, or run it now."""
     from . import tasks
 
@@ -172,5 +188,7 @@ def derive(project_id: int, conversation_ids: list[int], hours: list[str]) -> No
             tasks.conversation_totals_refresh.delay(conversation_ids)
         if hours:
             tasks.tool_rollups_refresh.delay(project_id, hours)
+        if artifact_ids:
+            tasks.links_refresh.delay(project_id, None, artifact_ids)
         return
-    runner().submit(project_id, conversation_ids, hours)
+    runner().submit(project_id, conversation_ids, hours, artifact_ids)

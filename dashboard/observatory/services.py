@@ -412,20 +412,25 @@ def _copy_via_staging(cursor: Any, model: type[models.Model], table: str, column
 
 
 def derivations_enqueue(
-    *, project_id: int, conversation_ids: Iterable[int] = (), hours: Iterable[datetime] = ()
+    *,
+    project_id: int,
+    conversation_ids: Iterable[int] = (),
+    hours: Iterable[datetime] = (),
+    artifact_ids: Iterable[str] = (),
 ) -> None:
     """After the current transaction commits, run the derivation tasks for what a
-    write touched: conversation totals, hourly tool rollups, links between spans
-    and records. The OTLP span ingest calls it too (with the hours of tool spans)."""
+    write touched: conversation totals, hourly tool rollups, links between spans,
+    records and artifacts. Records, OTLP spans and artifact uploads all come here."""
     from .dispatch import derive
 
     conversation_list = sorted(set(conversation_ids))
     hour_list = sorted({hour_of(hour).isoformat() for hour in hours})
-    if not conversation_list and not hour_list:
+    artifact_list = sorted(set(artifact_ids))
+    if not conversation_list and not hour_list and not artifact_list:
         return
 
     def enqueue() -> None:
-        derive(project_id, conversation_list, hour_list)
+        derive(project_id, conversation_list, hour_list, artifact_list)
 
     # robust: the batch is committed; a failing enqueue (broker down, an eager task
     # error) is logged and left to the hourly beat, never turned into a 500.
@@ -508,14 +513,8 @@ def artifact_store(
     except BaseException:
         storage.delete(name)  # a partial or refused file never stays behind
         raise
-    transaction.on_commit(lambda: _link_after_upload(project.pk, artifact_id), robust=True)
+    derivations_enqueue(project_id=project.pk, artifact_ids=[artifact_id])
     return ArtifactOutcome(artifact, created=True)
-
-
-def _link_after_upload(project_id: int, artifact_id: str) -> None:
-    from . import tasks
-
-    tasks.links_refresh.delay(project_id, None, [artifact_id])
 
 
 class _HashingReader:

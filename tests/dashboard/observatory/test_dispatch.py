@@ -96,3 +96,20 @@ def test_it_gives_up_on_work_that_keeps_failing(client, auth, records, backgroun
     post(client, auth, [records.message()])
     assert dispatch.runner().flush(timeout=20)
     assert calls["n"] == 1 + dispatch.DerivationRunner.MAX_RETRIES
+
+
+def test_it_links_an_uploaded_artifact_on_the_background_thread(client, auth, records, background):
+    import hashlib
+
+    from dashboard.observatory.models import Artifact, ToolExecution
+
+    data = b'{"rows": 3}'
+    artifact_id = "artifact_" + hashlib.sha256(data).hexdigest()
+    post(client, auth, [records.tool_result(result={"artifact_id": artifact_id, "data_size_bytes": len(data)})])
+    upload = client.generic("PUT", f"/api/v1/artifacts/{artifact_id}", data, content_type="application/json",
+                            HTTP_X_CONTENT_SHA256=hashlib.sha256(data).hexdigest(), **auth)
+    assert upload.status_code == 201
+    assert dispatch.runner().flush(timeout=20)
+    artifact = Artifact.objects.get()
+    assert artifact.tool_execution == ToolExecution.objects.get()
+    assert artifact.conversation.external_id == "conv-1"
