@@ -79,6 +79,15 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = ["dashboard.accounts.backends.ThrottledModelBackend"]
+# Log-in throttling: this many failures within the window lock the account (or the
+# client address) out for the window's length, the right password included.
+OBSERVATORY_LOGIN_MAX_FAILURES_PER_ACCOUNT = env.env_int("OBSERVATORY_LOGIN_MAX_FAILURES_PER_ACCOUNT", 5, minimum=1)
+OBSERVATORY_LOGIN_MAX_FAILURES_PER_ADDRESS = env.env_int("OBSERVATORY_LOGIN_MAX_FAILURES_PER_ADDRESS", 20, minimum=1)
+OBSERVATORY_LOGIN_LOCKOUT_SECONDS = env.env_int("OBSERVATORY_LOGIN_LOCKOUT_SECONDS", 900, minimum=1)
+# Behind a proxy every client has the proxy's REMOTE_ADDR: name the header it sets
+# with the real address (e.g. X-Real-IP) so per-address throttling means something.
+OBSERVATORY_CLIENT_IP_HEADER = env.env_str("OBSERVATORY_CLIENT_IP_HEADER", "")
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"

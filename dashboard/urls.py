@@ -5,12 +5,16 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from dashboard.accounts.forms import ThrottledAdminAuthenticationForm
+from dashboard.accounts.views import LoginView
 from dashboard.api import api
 from dashboard.ingest import otlp_views
 
+admin.site.login_form = ThrottledAdminAuthenticationForm  # the admin's log-in is throttled too
+
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/", api.urls),
     path("v1/traces", otlp_views.export_traces, name="otlp_traces"),

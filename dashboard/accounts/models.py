@@ -61,3 +61,27 @@ class ApiKey(models.Model):
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+class LoginThrottle(models.Model):
+    """Failed log-ins counted per account and per client address (one row each).
+
+    In the database rather than a per-process cache, so every web worker sees the
+    same count and a restart does not reset a lockout.
+    """
+
+    class Scope(models.TextChoices):
+        ACCOUNT = "account", "Account"
+        ADDRESS = "address", "Address"
+
+    scope = models.CharField(max_length=8, choices=Scope.choices)
+    key = models.CharField(max_length=255)  # a lower-cased username or a client address
+    failures = models.PositiveIntegerField(default=0)
+    window_started_at = models.DateTimeField(default=timezone.now)
+    locked_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["scope", "key"], name="login_throttle_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.key}: {self.failures}"

@@ -11,6 +11,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
+from dashboard.accounts.throttle import login_throttle_purge
 
 from . import derivations, services
 
@@ -56,10 +57,11 @@ def rollup_recent_hours(hours_back: int = 3) -> int:
 
 @shared_task(name="observatory.purge_expired")
 def purge_expired() -> dict[str, int]:
-    """Beat, daily: the retention purge of every project."""
+    """Beat, daily: the retention purge of every project, and spent log-in throttle rows."""
     totals = {"spans": 0, "records": 0, "conversations": 0, "artifacts": 0}
     for project in Project.objects.all():
         outcome = services.retention_purge(project=project)
         for name in totals:
             totals[name] += getattr(outcome, name)
+    totals["login_throttles"] = login_throttle_purge()
     return totals

@@ -115,7 +115,7 @@ def test_it_matches_rollups_to_a_recomputation_from_rows(project, records):
     rng = random.Random(7)
     base = records.now - timedelta(hours=3)
     batch = []
-    for i in range(300):
+    for _ in range(300):
         success = rng.random() > 0.2
         batch.append(records.tool_result(
             tool=rng.choice(["query_sales", "read_file", "chart"]), success=success,
@@ -230,4 +230,4 @@ def test_it_runs_the_beat_tasks_over_all_projects(project, records):
     store(project, [records.tool_result()])
     assert tasks.rollup_recent_hours(hours_back=3) == 1
     assert tasks.rollup_recent_hours(hours_back=3) == 1
-    assert tasks.purge_expired() == {"spans": 0, "records": 0, "conversations": 0, "artifacts": 0}
+    assert tasks.purge_expired() == {"spans": 0, "records": 0, "conversations": 0, "artifacts": 0, "login_throttles": 0}
