@@ -126,6 +126,14 @@ SESSION_COOKIE_SECURE = env.env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+# HTTPS behind a proxy: off by default so plain-http local use (the demo) works.
+SECURE_SSL_REDIRECT = env.env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env.env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env.env_bool("SECURE_HSTS_PRELOAD", False)
+if env.env_bool("SECURE_PROXY_SSL_HEADER", False):
+    # Trust X-Forwarded-Proto from the proxy (only set this behind one that strips it from clients).
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # Ingest limits (bytes, counts). The body limit is checked before reading; the
 # decoded limit bounds gzip expansion.
