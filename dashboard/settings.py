@@ -148,6 +148,15 @@ OBSERVATORY_MAX_RECORDS_PER_BATCH = env.env_int("OBSERVATORY_MAX_RECORDS_PER_BAT
 # Concurrent ingest requests per process before answering 429 + Retry-After.
 OBSERVATORY_MAX_CONCURRENT_INGEST = env.env_int("OBSERVATORY_MAX_CONCURRENT_INGEST", 8, minimum=1)
 
+# Times an ingested record or span may carry (years, the upper one exclusive); items
+# outside are refused one by one, like any other invalid item.
+OBSERVATORY_TIMESTAMP_MIN_YEAR = env.env_int("OBSERVATORY_TIMESTAMP_MIN_YEAR", 1970, minimum=1)
+OBSERVATORY_TIMESTAMP_MAX_YEAR = env.env_int("OBSERVATORY_TIMESTAMP_MAX_YEAR", 2200, minimum=2)
+if OBSERVATORY_TIMESTAMP_MAX_YEAR <= OBSERVATORY_TIMESTAMP_MIN_YEAR or OBSERVATORY_TIMESTAMP_MAX_YEAR > 9999:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("OBSERVATORY_TIMESTAMP_MAX_YEAR must be above OBSERVATORY_TIMESTAMP_MIN_YEAR and at most 9999")
+
 # Retention defaults (days) when a project has no RetentionPolicy of its own.
 OBSERVATORY_RETENTION_SPAN_DAYS = env.env_int("OBSERVATORY_RETENTION_SPAN_DAYS", 14, minimum=1)
 OBSERVATORY_RETENTION_RECORD_DAYS = env.env_int("OBSERVATORY_RETENTION_RECORD_DAYS", 90, minimum=1)

@@ -12,6 +12,8 @@ to responses in ``dashboard.api``.
 from __future__ import annotations
 
 import re
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.conf import settings
@@ -106,6 +108,8 @@ def _publish_definitions() -> None:
 )
 def post_records(request: HttpRequest) -> dict[str, Any]:
     project = request.auth  # type: ignore[attr-defined]
+    if (request.content_type or "").lower() != "application/json":
+        raise IngestError(415, "send the records as application/json")
     with ingest_gate():
         body = read_body(
             request,
@@ -131,12 +135,34 @@ def records_validate(items: list[Any]) -> tuple[list[Any], list[dict[str, Any]]]
     were refused, so the simple form stays.
     """
     valid, rejected = [], []
+    earliest, latest = timestamp_bounds()
     for index, item in enumerate(items):
         try:
-            valid.append(parse_record(item))
+            record = parse_record(item)
+            _check_times(record, earliest, latest)
+            valid.append(record)
         except (RecordSchemaError, ValueError, TypeError) as exc:
             rejected.append({"index": index, "error": str(exc)[:ERROR_LENGTH]})
     return valid, rejected
+
+
+def timestamp_bounds() -> tuple[datetime, datetime]:
+    """The times an ingested item may carry: from the start of
+    OBSERVATORY_TIMESTAMP_MIN_YEAR to the start of OBSERVATORY_TIMESTAMP_MAX_YEAR.
+    Anything outside is refused per item: a year-9999 or year-1 time (valid ISO 8601)
+    overflows when shifted to UTC, and breaks exports and date maths downstream."""
+    return (
+        datetime(settings.OBSERVATORY_TIMESTAMP_MIN_YEAR, 1, 1, tzinfo=dt_timezone.utc),
+        datetime(settings.OBSERVATORY_TIMESTAMP_MAX_YEAR, 1, 1, tzinfo=dt_timezone.utc),
+    )
+
+
+def _check_times(record: Any, earliest: datetime, latest: datetime) -> None:
+    for name in type(record).model_fields:
+        value = getattr(record, name)
+        # Aware datetimes compare across offsets without converting, so no overflow here.
+        if isinstance(value, datetime) and not earliest <= value < latest:
+            raise ValueError(f"{name} is outside {earliest.year}..{latest.year - 1}")
 
 
 def _record_items(data: Any) -> list[Any]:

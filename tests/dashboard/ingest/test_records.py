@@ -303,3 +303,50 @@ def test_it_rejects_numbers_no_column_can_hold_instead_of_failing_the_batch(clie
     assert body["accepted"] == 1
     assert [r["index"] for r in body["rejected"]] == [1, 2, 3]
     assert stored_rows() == 1
+
+
+@pytest.mark.parametrize("moment", [
+    "9999-12-31T23:59:59-01:00",  # past year 9999 once shifted to UTC (was a 500)
+    "0001-01-01T00:00:00+01:00",  # before year 1 in UTC (PostgreSQL stored it as 1 BC)
+    "1969-12-31T23:59:59+00:00",
+    "2200-01-01T00:00:00+00:00",
+])
+def test_it_rejects_times_outside_the_sane_range_per_item(client, auth, records, moment):
+    batch = [records.message(index=0), records.tool_result(at=None), records.message(index=1)]
+    batch[1]["occurred_at"] = moment
+    response = post(client, {"records": batch}, auth)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["accepted"] == 2
+    assert [r["index"] for r in body["rejected"]] == [1]
+    assert "occurred_at is outside 1970..2199" in body["rejected"][0]["error"]
+    assert stored_rows() == 2
+
+
+def test_it_rejects_a_round_whose_start_or_end_is_out_of_range(client, auth, records):
+    late = records.round(index=0, started_at="2024-01-01T00:00:00+00:00", ended_at="9999-12-31T23:59:59-01:00")
+    response = post(client, {"records": [late, records.round(index=1)]}, auth)
+    assert response.json()["accepted"] == 1
+    assert "ended_at is outside" in response.json()["rejected"][0]["error"]
+
+
+def test_it_takes_the_sane_range_from_settings(client, auth, records, settings):
+    settings.OBSERVATORY_TIMESTAMP_MIN_YEAR = 2000
+    old = records.message()
+    old["occurred_at"] = "1999-06-01T00:00:00+00:00"
+    assert post(client, {"records": [old]}, auth).json()["accepted"] == 0
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "application/xml", ""])
+def test_it_refuses_other_content_types(client, auth, records, content_type):
+    body = json.dumps({"records": [records.message()]}).encode()
+    response = client.generic("POST", URL, body, content_type=content_type, **auth)
+    assert response.status_code == 415
+    assert "application/json" in response.json()["error"]
+    assert stored_rows() == 0
+
+
+def test_it_accepts_json_with_a_charset(client, auth, records):
+    body = json.dumps({"records": [records.message()]}).encode()
+    response = client.generic("POST", URL, body, content_type="application/json; charset=utf-8", **auth)
+    assert response.status_code == 200 and response.json()["accepted"] == 1
