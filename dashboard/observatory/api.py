@@ -195,7 +195,7 @@ def list_conversations(request: HttpRequest, slug: str, filters: Query[Conversat
     return {"page": filters.page, "has_next": len(rows) > PAGE_SIZE, "items": rows[:PAGE_SIZE]}
 
 
-@router.get("/projects/{slug}/conversations/{external_id}", response=ConversationDetail)
+@router.get("/projects/{slug}/conversations/{path:external_id}", response=ConversationDetail)
 def conversation_detail(
     request: HttpRequest, slug: str, external_id: str, rounds: Query[RoundsPage]
 ) -> dict[str, Any]:

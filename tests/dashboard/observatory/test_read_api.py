@@ -222,3 +222,19 @@ def test_it_answers_400_to_bad_query_parameters(member_client, project):
     for params in ({"page": "0"}, {"page": "x"}, {"status": "weird"}, {"order": "drop table"}):
         response = member_client.get(url, params)
         assert response.status_code == 400 and "error" in response.json()
+
+
+@pytest.mark.parametrize("external_id", ["team/alpha/run-7", "a b%c", "x?y#z", "日本/会話"])
+def test_it_reads_back_a_conversation_whose_id_has_slashes_or_reserved_characters(member_client, project, records,
+                                                                               external_id):
+    from urllib.parse import quote
+
+    store(project, [records.round(conversation=external_id, user_message="hi")])
+    url = f"/api/v1/projects/{project.slug}/conversations/{quote(external_id, safe='/')}"
+    response = member_client.get(url)
+    assert response.status_code == 200, response.content
+    assert response.json()["conversation"]["external_id"] == external_id
+
+
+def test_it_answers_404_for_an_unknown_id_with_slashes(member_client, project):
+    assert member_client.get(f"/api/v1/projects/{project.slug}/conversations/no/such/thing").status_code == 404
