@@ -1,0 +1,88 @@
+"""Every list a page or the read API shows is scoped to the project in its URL.
+
+The user belongs to both projects, so a list that forgot its project filter would show
+the other project's rows (a 404 test on a stranger's project cannot catch that). The
+other project holds rows with markers that must never appear, and numbers that would
+change every total. A new list page or API list gets a row in LISTS.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.urls import reverse
+
+from dashboard.accounts.services import membership_add
+from tests.dashboard.web.pages_factories import add_artifact, full_conversation, store, tool_record
+
+pytestmark = pytest.mark.django_db
+
+MARKER = "leak-marker"
+
+# (name, how to build the URL from the project slug): every list a member can open.
+LISTS = [
+    ("overview", lambda slug: reverse("web:overview", args=[slug])),
+    ("conversations", lambda slug: reverse("web:conversations", args=[slug])),
+    ("conversation rows", lambda slug: reverse("web:conversation_rows", args=[slug])),
+    ("conversations searched", lambda slug: reverse("web:conversations", args=[slug]) + "?q=north"),
+    ("tools", lambda slug: reverse("web:tools", args=[slug])),
+    ("tool detail", lambda slug: reverse("web:tool", args=[slug, "query_sales"])),
+    ("artifacts", lambda slug: reverse("web:artifacts", args=[slug])),
+    ("keys", lambda slug: reverse("web:keys", args=[slug])),
+    ("api conversations", lambda slug: f"/api/v1/projects/{slug}/conversations"),
+    ("api conversations searched", lambda slug: f"/api/v1/projects/{slug}/conversations?q=north"),
+    ("api tools", lambda slug: f"/api/v1/projects/{slug}/tools"),
+]
+
+
+@pytest.fixture
+def two_projects(member, project, other_project):
+    """``project`` (ours) and ``other_project`` (theirs), the member in both; theirs
+    holds many more rows, each carrying the marker where a text can."""
+    membership_add(project=other_project, user=member)
+    full_conversation(project, "ours-1")
+    for n in range(3):
+        full_conversation(other_project, f"{MARKER}-conversation-{n}")
+    store(other_project, [tool_record(f"{MARKER}-conversation-0", tool=f"{MARKER}_tool", success=False,
+                                      error_type=f"{MARKER}_error", observation=f"{MARKER} observation")])
+    artifact = add_artifact(other_project, f'{{"{MARKER}": 1}}'.encode())
+    from dashboard.accounts.services import apikey_create
+
+    apikey_create(project=other_project, name=f"{MARKER}-key")
+    return project, other_project, (MARKER.encode(), artifact.artifact_id.encode())
+
+
+def _shows(content: bytes, markers: tuple[bytes, ...]) -> bool:
+    return any(marker in content for marker in markers)
+
+
+@pytest.mark.parametrize("name, url", LISTS, ids=[name for name, _ in LISTS])
+def test_it_shows_no_row_of_another_project_on_a_list(client_in, two_projects, name, url):
+    ours, theirs, markers = two_projects
+    response = client_in.get(url(ours.slug))
+    assert response.status_code == 200, name
+    assert not _shows(response.content, markers), name
+    # The same list of the other project does show them: the markers are real probes.
+    if name != "tool detail":
+        assert _shows(client_in.get(url(theirs.slug)).content, markers), name
+
+
+def test_it_counts_only_the_projects_rows_in_the_overview_totals(client_in, two_projects):
+    ours, _, _ = two_projects
+    content = client_in.get(reverse("web:overview", args=[ours.slug])).content.decode()
+    conversations = re.search(r'data-testid="total-conversations">([^<]*)<', content).group(1)
+    tool_calls = re.search(r'data-testid="total-tool-calls">([^<]*)<', content).group(1)
+    assert (conversations, tool_calls) == ("1", "4")  # full_conversation: 2 rounds x 2 tool calls
+
+
+def test_it_counts_only_the_projects_calls_in_the_tool_api(client_in, two_projects):
+    ours, _, _ = two_projects
+    rows = {row["tool_name"]: row["calls"] for row in client_in.get(f"/api/v1/projects/{ours.slug}/tools").json()}
+    assert rows == {"query_sales": 2, "load_csv": 2}
+
+
+def test_it_lists_only_the_projects_conversations_in_the_api(client_in, two_projects):
+    ours, _, _ = two_projects
+    items = client_in.get(f"/api/v1/projects/{ours.slug}/conversations").json()["items"]
+    assert [item["external_id"] for item in items] == ["ours-1"]
