@@ -231,7 +231,7 @@ def gunicorn(env: dict[str, str], port: int, *, workers: int, worker_class: str,
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise SystemExit("gunicorn did not start within 60 s")
+                    raise SystemExit("gunicorn did not start within 60 s") from None
                 time.sleep(0.2)
         yield server
     finally:

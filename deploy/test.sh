@@ -3,8 +3,9 @@
 #   - the Python environment (.venv) with the test extras;
 #   - Debian's chromium, a CJK font and redis-server (installed with apt when missing);
 #   - a private PostgreSQL 15 and a private Redis on free loopback ports under a temp dir;
-#   - the suite on SQLite, the dashboard suite again on PostgreSQL, the Celery task tests on a
-#     real worker over Redis; then stops what it started.
+#   - ruff (lint), then the suite on SQLite, the dashboard suite again on PostgreSQL, the Celery
+#     task tests on a real worker over Redis; every test bounded by pytest-timeout; then stops
+#     what it started.
 # Extra arguments go to pytest (e.g. deploy/test.sh -k otlp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +56,9 @@ export OBSERVATORY_TEST_REDIS_URL="redis://127.0.0.1:$redis_port/0"
 export OBSERVATORY_BROWSER_TESTS=1
 export OBSERVATORY_DEMO_TESTS=1  # tests/dashboard/test_demo_command.py runs deploy/demo.sh (SQLite pass)
 export PYTHONDONTWRITEBYTECODE=1
+
+echo "== lint (ruff, rules in pyproject.toml) =="
+.venv/bin/ruff check --no-cache .
 
 echo "== whole suite on SQLite =="
 OBSERVATORY_DATA_DIR="$work/data-sqlite" .venv/bin/pytest -q -p no:cacheprovider "$@"
