@@ -6,9 +6,11 @@ item becomes bytes (``encode``) and how a batch is sent (``send``); the rest is 
 
 - ``put`` is all the agent thread does: append to an in-memory intake under a lock
   held for a few deque operations. It never waits on the network or the disk.
-- The sending thread ``absorbs`` the intake every ``interval`` (100 ms with a spool):
-  it builds and encodes each item, appends it to the spool, and moves it to the
-  pending queue, bounded in items and bytes. Overflow drops the oldest, counted.
+- The intake is ``absorbed`` every ``interval``: each item is built and encoded,
+  appended to the spool, and moved to the pending queue, bounded in items and bytes.
+  Overflow drops the oldest, counted. Without a spool the sending thread absorbs;
+  with one, a spooling thread does it every 100 ms whatever the network does (a
+  dashboard that hangs a request for 10 s must not keep records off the disk).
 - It sends batches from the head of the pending queue. Connection errors, timeouts,
   408, 429 and 5xx are retried with capped exponential backoff and jitter (honouring
   ``Retry-After``) for as long as the queue has room, by default with no limit on
@@ -42,6 +44,7 @@ logger = logging.getLogger("pipeline.exporter")
 
 Headers = Mapping[str, str]
 MAX_RESPONSE_BYTES = 1 << 20  # an answer bigger than this is not one we asked for
+YIELD_S = 0.0005  # longest stretch the sending thread works without offering the GIL
 
 
 class Transport(Protocol):
@@ -251,6 +254,7 @@ class DeliveryQueue:
         self._last_error: Optional[str] = None
         self._warned: set[str] = set()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._spooler = threading.Thread(target=self._run_spooler, name=f"{name}-spool", daemon=True) if spool else None
 
     # --- any thread -----------------------------------------------------------------
 
@@ -258,6 +262,8 @@ class DeliveryQueue:
         with self._lock:
             if not self._thread.is_alive() and not self._closed and not self._stop.is_set():
                 self._thread.start()
+                if self._spooler is not None:
+                    self._spooler.start()
 
     @property
     def alive(self) -> bool:
@@ -336,9 +342,10 @@ class DeliveryQueue:
             self.flush(max(0.0, deadline - time.monotonic()) * 0.8)
         self._stop.set()
         self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(max(0.0, deadline - time.monotonic()))
-        alive = self._thread.is_alive()
+        for thread in (self._spooler, self._thread):  # the spooler writes what is left first
+            if thread is not None and thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
+        alive = self._thread.is_alive() or (self._spooler is not None and self._spooler.is_alive())
         with self._lock:
             kept = lost = 0
             for entry in self._pending:
@@ -370,11 +377,11 @@ class DeliveryQueue:
     # --- the sending thread ---------------------------------------------------------
 
     def _run(self) -> None:
-        if self._spool is not None:
-            self._replay()
+        spooled = self._spool is not None  # then the spooling thread absorbs
         while True:
             try:
-                self._absorb()
+                if not spooled:
+                    self._absorb()
                 if self._stop.is_set():
                     break
                 now = self._monotonic()
@@ -387,8 +394,21 @@ class DeliveryQueue:
                 logger.exception("%s loop error", self.name)
                 self._note(f"exporter error: {exc!r}"[:300])
                 self._wait(self._stop, self.interval_s)
-        if self._spool is not None:
-            self._spool.commit()
+
+    def _run_spooler(self) -> None:
+        self._replay()
+        while True:
+            try:
+                self._absorb()
+                if len(self._pending) >= self._batch_limit:
+                    self._wake.set()
+            except Exception as exc:
+                logger.exception("%s spool loop error", self.name)
+                self._note(f"spool error: {exc!r}"[:300])
+            if self._stop.is_set():
+                break  # after one last absorb: what was submitted before shutdown is on disk
+            self._wait(self._stop, self.absorb_interval_s)
+        self._spool.commit()  # type: ignore[union-attr]
 
     def _replay(self) -> None:
         spool = self._spool
@@ -413,10 +433,14 @@ class DeliveryQueue:
             self._absorbing = len(items)
         entries: list[_Entry] = []
         losses: dict[tuple[str, str], int] = {}
+        yielded = time.perf_counter()
         for item, queued_at in items:
-            # Let a waiting agent thread have the GIL between items: building one is
-            # short, a whole batch is not, and the agent must not wait on us.
-            time.sleep(0)
+            # Let a waiting agent thread have the GIL every YIELD_S of work: building
+            # one item is short, a whole batch is not, and the agent must not wait on
+            # us for long (the interpreter alone would make it wait 5 ms).
+            if time.perf_counter() - yielded > YIELD_S:
+                time.sleep(0)
+                yielded = time.perf_counter()
             try:
                 encoded = self._encode(item)
             except Refused as refused:

@@ -14,6 +14,8 @@ need no replay any more (delivered, refused or dropped). Appends go to the newes
 segment, which is sealed at ``segment_bytes``; a segment whose entries are all done
 is deleted, oldest first, so a DONE frame never outlives the entries it cancels.
 
+Thread-safe: the spooling thread appends while the sending thread marks entries done.
+
 Crash safety: each frame is written with one ``write`` call and checked by its CRC on
 replay. A torn last frame (a crash mid-write) or a damaged one ends the reading of its
 segment and is skipped; the exporter never appends after it (each start opens a new
@@ -30,14 +32,16 @@ with one warning and the exporter carries on in memory.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import os
 import re
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Literal, Optional
+from typing import Any, Iterable, Literal, Optional
 
 try:  # POSIX; elsewhere the lock is skipped (one exporter per directory is then on you)
     import fcntl
@@ -81,6 +85,15 @@ def _ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in ranges]
 
 
+def _locked(method: Any) -> Any:
+    @functools.wraps(method)
+    def locked(self: Spool, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 def read_frames(data: bytes) -> tuple[list[tuple[int, int, bytes]], bool]:
     """The intact frames of one segment's bytes, and whether a damaged or torn frame
     ended the reading early."""
@@ -102,7 +115,7 @@ def read_frames(data: bytes) -> tuple[list[tuple[int, int, bytes]], bool]:
 
 
 class Spool:
-    """One exporter's journal directory. Not thread-safe: one thread uses it."""
+    """One exporter's journal directory."""
 
     def __init__(
         self,
@@ -132,9 +145,11 @@ class Spool:
         self._next_seq = 1
         self._dirty = False
         self._warned_full = False
+        self._lock = threading.RLock()
 
     # --- lifecycle ----------------------------------------------------------------
 
+    @_locked
     def open(self) -> list[tuple[int, bytes]]:
         """Lock the directory, read what a previous exporter left, start a new
         segment; return the entries still to deliver as (seq, payload), oldest first.
@@ -156,6 +171,7 @@ class Spool:
         self.replayed = len(pending)
         return pending
 
+    @_locked
     def close(self) -> None:
         for fd in (self._active_fd, self._lock_fd):
             if fd is not None:
@@ -168,10 +184,12 @@ class Spool:
 
     @property
     def size_bytes(self) -> int:
-        return sum(segment.size for segment in self._segments)
+        with self._lock:
+            return sum(segment.size for segment in self._segments)
 
     # --- writing ------------------------------------------------------------------
 
+    @_locked
     def append(self, payloads: list[bytes]) -> list[Optional[int]]:
         """Write entries in one call; each gets its sequence number, or None when it
         was not spooled (spool off or full: it then lives in memory only)."""
@@ -203,6 +221,7 @@ class Spool:
             return [None] * len(payloads)
         return seqs
 
+    @_locked
     def done(self, seqs: Iterable[Optional[int]]) -> None:
         """Mark entries as needing no replay; delete segments that became empty."""
         real = [seq for seq in seqs if seq is not None]
@@ -219,6 +238,7 @@ class Spool:
                 self._segments[index].live -= 1
         self._compact()
 
+    @_locked
     def commit(self) -> None:
         """End of one exporter cycle: fsync under the "batch" policy."""
         if self.enabled and self._dirty and self.fsync == "batch":

@@ -739,3 +739,16 @@ def test_it_measures_how_long_records_wait_before_they_are_on_disk(server: Inges
     exporter.shutdown(2)
     lag = exporter.stats().spool_lag_ms_max
     assert 0 < lag < 1_000  # written within about one 100 ms spool interval, not the flush interval
+
+
+def test_it_keeps_spooling_while_a_send_hangs(server: IngestServer, tmp_path: Any) -> None:
+    server.script.append("hang")  # the dashboard accepts the request and never answers
+    exporter = exporter_for(server, spool_dir=str(tmp_path), request_timeout_s=30, batch_size=1)
+    exporter.submit(message(0))
+    assert wait_until(lambda: len(server.requests) == 1)  # the sending thread is stuck in it now
+    for i in range(1, 6):
+        exporter.submit(message(i))
+    assert wait_until(lambda: exporter.stats().spooled == 6, 2)  # on disk within the spool interval
+    assert exporter.stats().spool_lag_ms_max < 1_000
+    exporter.shutdown(0.3)
+    assert exporter.stats().kept_in_spool == 5  # the one in flight is neither kept nor counted lost

@@ -129,12 +129,12 @@ def test_it_writes_json_log_lines_with_trace_ids_to_a_file(pipeline_logger: logg
     tracer = configure_telemetry(ObservabilityConfig(trace_sampling=TraceSampling.ALWAYS),
                                  shutdown_on_exit=False).tracer
     with tracer.start_as_current_span("round") as span:
-        logging.getLogger("pipeline.tools").debug("retrying %s", "call_1 扬州")
-    logging.getLogger("pipeline.tools").info("outside")
+        logging.getLogger("pipeline.logging_test").debug("retrying %s", "call_1 扬州")
+    logging.getLogger("pipeline.logging_test").info("outside")
     handler.flush()
     first, second = (json.loads(line) for line in (tmp_path / "agent.log").read_text(encoding="utf-8").splitlines())
     assert first["message"] == "retrying call_1 扬州" and first["level"] == "DEBUG"
-    assert first["logger"] == "pipeline.tools" and first["service.name"] == "sales-agent" and first["team"] == "ba"
+    assert first["logger"] == "pipeline.logging_test" and first["service.name"] == "sales-agent" and first["team"] == "ba"
     assert first["trace_id"] == format(span.get_span_context().trace_id, "032x")
     assert "trace_id" not in second
     assert pipeline_logger.propagate is False  # our handlers own the output: nothing printed twice
