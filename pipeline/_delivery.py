@@ -32,6 +32,8 @@ import logging
 import random
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from datetime import timezone
@@ -54,6 +56,38 @@ class Transport(Protocol):
     def send(
         self, method: str, url: str, headers: Headers, body: bytes, timeout: float
     ) -> tuple[int, Headers, bytes]: ...
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    # A redirect would turn a POST into a GET without its body; treat it as the answer.
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class UrllibTransport:
+    """The default transport: the standard library, so agents need no HTTP client."""
+
+    def __init__(self) -> None:
+        self._opener = urllib.request.build_opener(_NoRedirect())
+
+    def send(
+        self, method: str, url: str, headers: Headers, body: bytes, timeout: float
+    ) -> tuple[int, Headers, bytes]:
+        request = urllib.request.Request(url, data=body or None, headers=dict(headers), method=method)
+        try:
+            with self._opener.open(request, timeout=timeout) as response:
+                return response.status, dict(response.headers), response.read(MAX_RESPONSE_BYTES)
+        except urllib.error.HTTPError as error:
+            with error:
+                return error.code, dict(error.headers or {}), error.read(MAX_RESPONSE_BYTES)
+
+
+def protobuf_headers(headers: Mapping[str, str], gzip_body: bool) -> dict[str, str]:
+    """The headers of an OTLP/HTTP protobuf request."""
+    out = {"Content-Type": "application/x-protobuf", **headers}
+    if gzip_body:
+        out["Content-Encoding"] = "gzip"
+    return out
 
 
 @dataclass(frozen=True)
@@ -83,31 +117,18 @@ class DeliveryStats:
         return asdict(self)
 
 
+@dataclass(slots=True, kw_only=True)
 class Outcome:
     """What happened to one batch, as the sender saw it."""
 
-    __slots__ = ("delivered", "duplicates", "rejected", "retry", "retry_after", "refused", "too_large", "error")
-
-    def __init__(
-        self,
-        *,
-        delivered: int = 0,
-        duplicates: int = 0,
-        rejected: int = 0,
-        retry: bool = False,
-        retry_after: Optional[float] = None,
-        refused: Optional[str] = None,
-        too_large: bool = False,
-        error: Optional[str] = None,
-    ) -> None:
-        self.delivered = delivered
-        self.duplicates = duplicates
-        self.rejected = rejected
-        self.retry = retry
-        self.retry_after = retry_after
-        self.refused = refused
-        self.too_large = too_large
-        self.error = error
+    delivered: int = 0
+    duplicates: int = 0
+    rejected: int = 0  # of the delivered, refused one by one by the receiver
+    retry: bool = False  # nothing arrived: try the batch again
+    retry_after: Optional[float] = None
+    refused: Optional[str] = None  # the batch was refused outright, for this reason
+    too_large: bool = False
+    error: Optional[str] = None
 
 
 class Refused(Exception):

@@ -38,8 +38,6 @@ import hashlib
 import logging
 import re
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
@@ -47,16 +45,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from pydantic import ValidationError
 
 from ._artifacts import ARTIFACT_ID_RE
-from ._delivery import (
-    MAX_RESPONSE_BYTES,
-    DeliveryQueue,
-    DeliveryStats,
-    Headers,
-    Outcome,
-    Refused,
-    Transport,
-    exchange,
-)
+from ._delivery import DeliveryQueue, DeliveryStats, Outcome, Refused, Transport, UrllibTransport, exchange
 from ._levels import OutputLevel
 from ._models import ToolExecutionResult, ToolInvocationRequest
 from ._records import IngestResponse, LevelRendering, RecordSchemaError, ToolResultRecord, _Record, parse_record
@@ -67,30 +56,6 @@ logger = logging.getLogger("pipeline.exporter")
 ARTIFACT_ID = re.compile(ARTIFACT_ID_RE)
 
 __all__ = ["ExporterStats", "RecordExporter", "Transport", "UrllibTransport", "records_for_result"]
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    # A redirect would turn a POST into a GET without its body; treat it as the answer.
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-class UrllibTransport:
-    """The default transport: the standard library, so agents need no HTTP client."""
-
-    def __init__(self) -> None:
-        self._opener = urllib.request.build_opener(_NoRedirect())
-
-    def send(
-        self, method: str, url: str, headers: Headers, body: bytes, timeout: float
-    ) -> tuple[int, Headers, bytes]:
-        request = urllib.request.Request(url, data=body or None, headers=dict(headers), method=method)
-        try:
-            with self._opener.open(request, timeout=timeout) as response:
-                return response.status, dict(response.headers), response.read(MAX_RESPONSE_BYTES)
-        except urllib.error.HTTPError as error:
-            with error:
-                return error.code, dict(error.headers or {}), error.read(MAX_RESPONSE_BYTES)
 
 
 @dataclass(frozen=True)

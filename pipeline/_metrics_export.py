@@ -23,7 +23,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from ._delivery import Transport, exchange
+from ._delivery import Transport, UrllibTransport, exchange, protobuf_headers
 from ._metrics import MetricsCollector
 
 logger = logging.getLogger("pipeline.telemetry")
@@ -54,17 +54,11 @@ class OtlpMetricPoster(MetricExporter):
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(preferred_temporality=None, preferred_aggregation=None)
-        if transport is None:
-            from ._exporter import UrllibTransport
-
-            transport = UrllibTransport()
         self.url = url
-        self._headers = {"Content-Type": "application/x-protobuf", **headers}
-        if gzip_body:
-            self._headers["Content-Encoding"] = "gzip"
+        self._headers = protobuf_headers(headers, gzip_body)
         self._gzip = gzip_body
         self._timeout = timeout_s
-        self._transport = transport
+        self._transport = transport or UrllibTransport()
         self._clock = clock
         self.exports = 0  # collections the receiver accepted
         self.unsupported = False  # the receiver has no metrics endpoint: stop asking

@@ -33,7 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from ._delivery import DeliveryQueue, DeliveryStats, Outcome, Transport, exchange
+from ._delivery import DeliveryQueue, DeliveryStats, Outcome, Transport, UrllibTransport, exchange, protobuf_headers
 from ._otlp_encode import SpanGroups, encode_span, frame
 from ._spool import FsyncPolicy, Spool
 
@@ -99,17 +99,11 @@ class SpanDeliveryProcessor(SpanProcessor):
     ) -> None:
         if (traces_url is None) == (exporter is None):
             raise ValueError("give either traces_url or exporter")
-        if transport is None and traces_url is not None:
-            from ._exporter import UrllibTransport
-
-            transport = UrllibTransport()
         self.traces_url = traces_url
-        self._headers = {"Content-Type": "application/x-protobuf", **(headers or {})}
-        if gzip_body:
-            self._headers["Content-Encoding"] = "gzip"
+        self._headers = protobuf_headers(headers or {}, gzip_body)
         self._gzip = gzip_body
         self._exporter = exporter
-        self._transport = transport
+        self._transport = transport or UrllibTransport()
         self._timeout = request_timeout_s
         self._keep = keep
         self._closed = False

@@ -1,12 +1,57 @@
-"""Helpers of the delivery tests (exporter, span export, spool): a fake clock for the
-exporters' waits (time is a true edge), free ports, bounded polling."""
+"""Helpers of the delivery tests (exporter, span export, spool): a local HTTP server
+base for the network peers, a fake clock for the exporters' waits (time is a true
+edge), free ports, bounded polling."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
-from typing import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Mapping, Optional
+
+
+class LocalServer:
+    """A threaded HTTP server on 127.0.0.1 that hands every GET, POST and PUT to
+    ``handle(handler)``; ``release`` frees requests a test left hanging."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.release = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                server.handle(self)
+
+            do_POST = do_PUT = do_GET
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def handle(self, handler: BaseHTTPRequestHandler) -> None:  # pragma: no cover - subclasses answer
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    @staticmethod
+    def reply(handler: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str,
+              headers: Optional[Mapping[str, str]] = None) -> None:
+        handler.send_response(status)
+        for name, value in (headers or {}).items():
+            handler.send_header(name, value)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
 
 
 class FakeClock:

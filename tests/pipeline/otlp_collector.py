@@ -8,7 +8,7 @@ import gzip
 import json
 import threading
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -17,13 +17,17 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from tests.pipeline.delivery_helpers import LocalServer
+
+STATUS_OK, STATUS_ERROR = 1, 2  # OTLP status codes
+
 
 def _value(any_value: Any) -> Any:
     kind = any_value.WhichOneof("value")
     return getattr(any_value, kind) if kind else None
 
 
-class Collector:
+class Collector(LocalServer):
     """An OTLP/HTTP receiver (and a records endpoint, for the executor hook)."""
 
     def __init__(self, port: int = 0) -> None:
@@ -36,38 +40,7 @@ class Collector:
         self.metrics: list[Any] = []  # decoded ExportMetricsServiceRequest bodies
         self.metrics_status = 200
         self.hang = threading.Event()
-        self.release = threading.Event()
-        collector = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                collector.handle(self)
-
-            def do_PUT(self) -> None:
-                collector.handle(self)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self) -> None:
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def reply(self, handler: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str,
-              headers: Any = None) -> None:
-        handler.send_response(status)
-        for name, value in (headers or {}).items():
-            handler.send_header(name, value)
-        handler.send_header("Content-Type", content_type)
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
+        super().__init__(port)
 
     def handle(self, handler: BaseHTTPRequestHandler) -> None:
         body = handler.rfile.read(int(handler.headers.get("Content-Length", 0)))

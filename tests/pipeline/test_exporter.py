@@ -6,11 +6,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import socket
 import threading
 import time
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Iterator, Optional
 
 import pytest
@@ -26,11 +25,12 @@ from pipeline import (
     records_for_result,
 )
 from pipeline._delivery import retry_after_seconds as _retry_after
+from tests.pipeline.delivery_helpers import FakeClock, LocalServer, free_port, wait_until
 
 API_KEY = "test-key-123"
 
 
-class IngestServer:
+class IngestServer(LocalServer):
     """A small stand-in for the dashboard's ingest: dedupes on record_id like the
     real one, and follows a script of behaviours for its next requests."""
 
@@ -41,43 +41,14 @@ class IngestServer:
         self.artifacts: dict[str, bytes] = {}
         self.max_records: Optional[int] = None  # answer 413 above this
         self.reject_type: Optional[str] = None  # answer per-record rejections for this type
-        self.release = threading.Event()
         self.lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                server.handle(self)
-
-            def do_PUT(self) -> None:
-                server.handle(self)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(port)
 
     def received_ids(self) -> list[str]:
         return [rid for req in self.requests for rid in req.get("ids", [])]
 
     def answer(self, handler: BaseHTTPRequestHandler, status: int, payload: Any = None, headers: Optional[dict[str, str]] = None) -> None:
-        body = json.dumps(payload).encode() if payload is not None else b""
-        handler.send_response(status)
-        for name, value in (headers or {}).items():
-            handler.send_header(name, value)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
+        self.reply(handler, status, json.dumps(payload).encode() if payload is not None else b"", "application/json", headers)
 
     def handle(self, handler: BaseHTTPRequestHandler) -> None:
         body = handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
@@ -148,12 +119,6 @@ def message(i: int, conversation: str = "conv-1") -> MessageRecord:
 def exporter_for(server: IngestServer, **options: Any) -> RecordExporter:
     options.setdefault("flush_interval_ms", 20)
     return RecordExporter(server.url, API_KEY, **options)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_it_sends_records_in_batches_with_the_bearer_key(server: IngestServer) -> None:
@@ -504,7 +469,6 @@ def test_it_builds_a_tool_result_record_with_renderings() -> None:
 
 # --- outages: retry while the queue has room, spool, restart ----------------------------
 
-from tests.pipeline.delivery_helpers import FakeClock, wait_until  # noqa: E402
 
 
 def test_it_retries_through_refusal_and_503_until_all_arrive_exactly_once_in_real_time() -> None:
@@ -613,6 +577,20 @@ def test_it_drops_a_refused_batch_with_its_reason(server: IngestServer, status: 
     assert exporter.stats().reasons == {f"http_{status}": 3} and exporter.stats().failures == 3
 
 
+def replay_to_a_new_server(port: int, spool_dir: Any, replayed: int) -> tuple[IngestServer, RecordExporter]:
+    """Bring the dashboard up on ``port`` and let a new exporter on ``spool_dir``
+    send what it finds there (``replayed`` records); both are stopped on return."""
+    server = IngestServer(port)
+    try:
+        exporter = RecordExporter(server.url, API_KEY, spool_dir=str(spool_dir), flush_interval_ms=20)
+        assert wait_until(lambda: exporter.stats().replayed == replayed)
+        assert exporter.flush(10)
+        exporter.shutdown(2)
+    finally:
+        server.close()
+    return server, exporter
+
+
 def test_it_keeps_what_it_could_not_send_in_the_spool_and_a_new_exporter_sends_it(tmp_path: Any) -> None:
     port = free_port()
     spool = tmp_path / "spool"
@@ -624,14 +602,7 @@ def test_it_keeps_what_it_could_not_send_in_the_spool_and_a_new_exporter_sends_i
     assert first.shutdown(0.5) is False  # nothing listens: it cannot deliver
     stats = first.stats()
     assert (stats.kept_in_spool, stats.failures, stats.sent) == (40, 0, 0)
-    server = IngestServer(port)
-    try:
-        second = RecordExporter(server.url, API_KEY, spool_dir=str(spool), flush_interval_ms=20)
-        assert wait_until(lambda: second.stats().replayed == 40)
-        assert second.flush(10)
-        second.shutdown(2)
-    finally:
-        server.close()
+    server, second = replay_to_a_new_server(port, spool, 40)
     assert set(server.stored) == {str(r.record_id) for r in records}
     assert second.stats().sent == 40 and second.stats().kept_in_spool == 0
     third = RecordExporter(server.url, API_KEY, spool_dir=str(spool))  # delivered: nothing left to replay
@@ -668,14 +639,7 @@ def test_it_delivers_after_the_agent_is_killed_with_sigkill(tmp_path: Any) -> No
     finally:
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)
-    server = IngestServer(port)
-    try:
-        exporter = RecordExporter(server.url, API_KEY, spool_dir=str(tmp_path), flush_interval_ms=20)
-        assert wait_until(lambda: exporter.stats().replayed == 25)
-        assert exporter.flush(10)
-        exporter.shutdown(2)
-    finally:
-        server.close()
+    server, _ = replay_to_a_new_server(port, tmp_path, 25)
     assert sorted(r["index"] for r in server.stored.values()) == list(range(25))
 
 
@@ -690,14 +654,7 @@ def test_it_skips_a_torn_last_entry_of_the_spool_and_sends_the_rest(tmp_path: An
     (segment,) = sorted(tmp_path.glob("segment-*.spool"))
     data = segment.read_bytes()
     segment.write_bytes(data[:-7])  # a crash in the middle of writing the last entry
-    server = IngestServer(port)
-    try:
-        second = RecordExporter(server.url, API_KEY, spool_dir=str(tmp_path), flush_interval_ms=20)
-        assert wait_until(lambda: second.stats().replayed == 9)
-        assert second.flush(10)
-        second.shutdown(2)
-    finally:
-        server.close()
+    server, second = replay_to_a_new_server(port, tmp_path, 9)
     assert set(server.stored) == {str(r.record_id) for r in records[:9]}
     assert second._records._spool.torn == 1
 

@@ -26,17 +26,10 @@ from pipeline import (
 )
 from pipeline._exceptions import ConfigError
 from pipeline._global_observability import configure_logging, log_file_path
-from tests.pipeline.otlp_collector import Collector
+from tests.pipeline.otlp_collector import STATUS_ERROR, STATUS_OK, Collector
 
 ROOT = Path(__file__).resolve().parents[2]
-STATUS_OK, STATUS_ERROR = 1, 2
 
-
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    c = Collector()
-    yield c
-    c.close()
 
 
 def telemetry_for(collector: Collector, **fields: Any) -> Any:

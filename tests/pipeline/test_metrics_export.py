@@ -4,19 +4,12 @@ OTLP/HTTP receiver on 127.0.0.1 as cumulative counters, checked against the call
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from typing import Any
 
-import pytest
 
 from pipeline import MetricsCollector, ObservabilityConfig, ToolMetrics, configure_telemetry
 from tests.pipeline.otlp_collector import Collector
 
-
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    c = Collector()
-    yield c
-    c.close()
 
 
 def exported(collector: Collector) -> dict[tuple[str, tuple[tuple[str, Any], ...]], float]:

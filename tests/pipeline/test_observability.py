@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -29,17 +29,10 @@ from pipeline import (
     parse_otlp_headers,
 )
 from pipeline._exceptions import ConfigError
-from tests.pipeline.otlp_collector import Collector
+from tests.pipeline.otlp_collector import STATUS_ERROR, STATUS_OK, Collector
 
 
-STATUS_OK, STATUS_ERROR = 1, 2
 
-
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    c = Collector()
-    yield c
-    c.close()
 
 
 def telemetry_for(collector: Collector, **overrides: Any) -> Any:

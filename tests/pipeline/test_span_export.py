@@ -5,7 +5,7 @@ to a real OTLP/HTTP receiver on 127.0.0.1."""
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import pytest
 from opentelemetry.sdk.resources import Resource
@@ -27,12 +27,6 @@ from pipeline import (
 from tests.pipeline.delivery_helpers import FakeClock, free_port, wait_until
 from tests.pipeline.otlp_collector import Collector
 
-
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    c = Collector()
-    yield c
-    c.close()
 
 
 def provider_with(processor: SpanDeliveryProcessor) -> TracerProvider:
