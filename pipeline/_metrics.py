@@ -27,7 +27,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Iterable, Optional, Union
 
 from ._exceptions import ConfigError
@@ -48,17 +48,13 @@ def percentile(values: Iterable[float], pct: float) -> float:
     return float(ordered[min(rank, len(ordered)) - 1])
 
 
-def _utc(timestamp: float) -> datetime:
-    return datetime.fromtimestamp(timestamp, timezone.utc)
-
-
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ToolMetrics:
-    """One tool execution, as the metrics see it.
+    """One tool execution, as the metrics see it (not to be changed once recorded).
 
-    ``output_level`` takes an OutputLevel or its name in any case ("STANDARD").
-    ``total_tokens`` defaults to input + output; ``end_time`` to when it was
-    recorded and ``start_time`` to ``duration_ms`` before that (both UTC).
+    ``output_level`` takes an OutputLevel or its name in any case ("STANDARD");
+    ``total_tokens`` defaults to input + output. ``start_time`` / ``end_time`` are the
+    design's v2.0 fields, kept when given (``recorded_at`` always says when).
     """
 
     tool_name: str
@@ -74,18 +70,15 @@ class ToolMetrics:
     # The design's v2.0 fields.
     start_time: Optional[datetime] = None
     end_time: Optional[datetime] = None
-    total_tokens: Optional[int] = None  # type: ignore[assignment]  # an int once built
+    total_tokens: int = None  # type: ignore[assignment]  # input + output unless given
     error_code: Optional[str] = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.output_level, OutputLevel):
-            object.__setattr__(self, "output_level", OutputLevel(str(self.output_level).lower()))
+        # Cheap on purpose: the executor's hook records one per tool call.
+        if type(self.output_level) is not OutputLevel:
+            self.output_level = OutputLevel(str(self.output_level).lower())
         if self.total_tokens is None:
-            object.__setattr__(self, "total_tokens", self.input_tokens + self.output_tokens)
-        if self.end_time is None:
-            object.__setattr__(self, "end_time", _utc(self.recorded_at))
-        if self.start_time is None:
-            object.__setattr__(self, "start_time", self.end_time - timedelta(milliseconds=self.duration_ms))
+            self.total_tokens = self.input_tokens + self.output_tokens
 
     @classmethod
     def from_result(

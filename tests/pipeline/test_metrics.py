@@ -300,7 +300,7 @@ def test_it_takes_tool_metrics_in_the_designs_shapes() -> None:
 
     v21 = ToolMetrics("query_database", 120.0, 30, 400, True, 1, "STANDARD")  # v2.1, positionally
     assert (v21.output_level, v21.total_tokens, v21.retry_count) == (OutputLevel.STANDARD, 430, 1)
-    assert (v21.end_time - v21.start_time).total_seconds() == pytest.approx(0.12)
+    assert (v21.start_time, v21.end_time) == (None, None) and v21.recorded_at > 0
     start = datetime(2025, 2, 6, 10, 0, tzinfo=timezone.utc)
     end = datetime(2025, 2, 6, 10, 0, 1, tzinfo=timezone.utc)
     v20 = ToolMetrics(tool_name="run_python", start_time=start, end_time=end, duration_ms=1000.0, input_tokens=5,
