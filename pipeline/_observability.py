@@ -100,8 +100,9 @@ _ALIASES = {
 _OLD_SAMPLING = {"all": TraceSampling.ALWAYS, "none": TraceSampling.NEVER, "errors_and_slow": TraceSampling.ERRORS_AND_SLOW}
 
 
-def parse_otlp_headers(text: str) -> dict[str, str]:
-    """Parse the ``OTEL_EXPORTER_OTLP_HEADERS`` form: ``k=v,k2=v2`` (values URL-encoded)."""
+def parse_otlp_headers(text: str, field: str = "otlp_headers") -> dict[str, str]:
+    """Parse the ``OTEL_EXPORTER_OTLP_HEADERS`` form: ``k=v,k2=v2`` (values URL-encoded);
+    a bad item raises ConfigError naming ``field``."""
     headers: dict[str, str] = {}
     for item in text.split(","):
         if not item.strip():
@@ -109,7 +110,7 @@ def parse_otlp_headers(text: str) -> dict[str, str]:
         name, sep, value = item.partition("=")
         name = urllib.parse.unquote(name.strip())
         if not sep or not name:
-            raise ConfigError("otlp_headers", f"expected key=value, got {item.strip()[:40]!r}")
+            raise ConfigError(field, f"expected key=value, got {item.strip()[:40]!r}")
         headers[name] = urllib.parse.unquote(value.strip())
     return headers
 
@@ -306,7 +307,7 @@ class ObservabilityConfig(BaseConfig):
             interval = _env_int(env, "OTEL_METRIC_EXPORT_INTERVAL", "metrics_export_interval_s")
             data["metrics_export_interval_s"] = max(1, round(interval / 1000))
         if env.get("OTEL_RESOURCE_ATTRIBUTES"):
-            tags = parse_otlp_headers(env["OTEL_RESOURCE_ATTRIBUTES"])
+            tags = parse_otlp_headers(env["OTEL_RESOURCE_ATTRIBUTES"], "extra_tags")
             if "deployment.environment" in tags:
                 data["environment"] = tags.pop("deployment.environment")
             data["extra_tags"] = tags

@@ -182,9 +182,17 @@ class SpanDeliveryProcessor(SpanProcessor):
 
     def _send_otlp(self, batch: list[Any]) -> Outcome:
         groups: dict[Group, list[bytes]] = {}
+        unreadable = 0
         for entry in batch:
-            for group, encoded in [entry.meta] if entry.meta is not None else split_request(entry.payload):
+            try:
+                pairs = [entry.meta] if entry.meta is not None else split_request(entry.payload)
+            except Exception:  # a spooled span that does not decode: send the others
+                unreadable += 1
+                continue
+            for group, encoded in pairs:
                 groups.setdefault(group, []).append(encoded)
+        if unreadable == len(batch):
+            return Outcome(delivered=len(batch), rejected=len(batch), error="spooled spans could not be decoded")
         body = frame(groups)
         if self._gzip:
             body = gzip.compress(body, compresslevel=5)
@@ -192,10 +200,10 @@ class SpanDeliveryProcessor(SpanProcessor):
                                    self._timeout, max_retry_after_s=self._max_retry_after_s, now=self._clock())
         if outcome is not None:
             return outcome
-        rejected, error = 0, None
+        rejected, error = unreadable, None
         try:
             partial = ExportTraceServiceResponse.FromString(answer).partial_success
-            rejected = min(int(partial.rejected_spans), len(batch))
+            rejected = min(unreadable + int(partial.rejected_spans), len(batch))
             if rejected:
                 error = f"{rejected} spans rejected: {partial.error_message[:200]}"
         except Exception:  # a 2xx we cannot read still means the batch arrived

@@ -469,3 +469,44 @@ def test_it_reads_the_standard_otel_environment_variables() -> None:
     assert ObservabilityConfig.from_env({"OTEL_SDK_DISABLED": "true"}).enabled is False
     with pytest.raises(ConfigError, match="export_timeout_ms"):
         ObservabilityConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"})
+
+
+@pytest.mark.parametrize(
+    "sampler, argument, expected",
+    [
+        ("always_on", "", (TraceSampling.ALWAYS, None)),
+        ("parentbased_always_off", "", (TraceSampling.NEVER, None)),
+        ("parentbased_traceidratio", "0.25", (TraceSampling.MEDIUM, 0.25)),
+        ("traceidratio", "", (TraceSampling.MEDIUM, 1.0)),
+    ],
+)
+def test_it_reads_the_otel_sampler_variables(sampler: str, argument: str, expected: tuple[Any, Any]) -> None:
+    config = ObservabilityConfig.from_env({"OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": argument})
+    assert (config.trace_sampling, config.sample_ratio) == expected
+
+
+@pytest.mark.parametrize(
+    "env, field",
+    [
+        ({"OTEL_TRACES_SAMPLER": "jaeger_remote"}, "trace_sampling"),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "half"}, "sample_ratio"),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "7"}, "sample_ratio"),
+        ({"OTEL_METRIC_EXPORT_INTERVAL": "often"}, "metrics_export_interval_s"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "novalue"}, "extra_tags"),
+    ],
+)
+def test_it_names_the_field_of_a_bad_otel_variable(env: dict[str, str], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ObservabilityConfig.from_env(env)
+    assert info.value.field == field
+
+
+def test_it_reads_resource_attributes_and_the_metric_interval_from_the_environment() -> None:
+    config = ObservabilityConfig.from_env({
+        "OTEL_RESOURCE_ATTRIBUTES": "team=ba,deployment.environment=staging,region=cn%2Deast",
+        "OTEL_METRIC_EXPORT_INTERVAL": "15000",
+        "OTEL_SDK_DISABLED": "true",
+    })
+    assert config.extra_tags == {"team": "ba", "region": "cn-east"} and config.environment == "staging"
+    assert config.metrics_export_interval_s == 15
+    assert (config.enable_tracing, config.enable_metrics) == (False, False)

@@ -287,3 +287,20 @@ def test_it_needs_a_url_or_an_exporter() -> None:
         SpanDeliveryProcessor(start=False)
     with pytest.raises(ValueError):
         SpanDeliveryProcessor(traces_url="http://x/v1/traces", exporter=InMemorySpanExporter(), start=False)
+
+
+def test_it_sends_the_rest_when_a_spooled_span_does_not_decode(collector: Collector, tmp_path: Any) -> None:
+    from pipeline._spool import Spool
+
+    spool = Spool(tmp_path)
+    spool.open()
+    spool.append([b"\xff\xfe not protobuf at all"])  # intact on disk, junk inside
+    spool.close()
+    processor = SpanDeliveryProcessor(traces_url=f"{collector.url}/v1/traces", spool_dir=str(tmp_path), **fast())
+    provider = provider_with(processor)
+    make_spans(provider, 3)
+    assert processor.force_flush(10_000)
+    provider.shutdown()
+    stats = processor.stats()
+    assert sorted(s["name"] for s in collector.spans) == ["span 0", "span 1", "span 2"]
+    assert (stats.replayed, stats.rejected, stats.failures, stats.queue_depth) == (1, 1, 0, 0)
