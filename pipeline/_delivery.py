@@ -515,23 +515,25 @@ class DeliveryQueue:
         return dropped
 
     def _due(self, now: float) -> bool:
-        if not self._pending or now < self._next_attempt:
-            return False
-        return (
-            len(self._pending) >= self._batch_limit
-            or self._pending_bytes >= self.max_batch_bytes
-            or self._flushing > 0
-            or self._closed
-            or now - self._pending[0].queued_at >= self.interval_s
-        )
+        with self._lock:  # the spooling thread may be trimming the queue
+            if not self._pending or now < self._next_attempt:
+                return False
+            return (
+                len(self._pending) >= self._batch_limit
+                or self._pending_bytes >= self.max_batch_bytes
+                or self._flushing > 0
+                or self._closed
+                or now - self._pending[0].queued_at >= self.interval_s
+            )
 
     def _until_next(self, now: float) -> float:
         timeout = self.absorb_interval_s
-        if self._pending:
-            if now < self._next_attempt:
-                timeout = min(timeout, self._next_attempt - now)
-            else:
-                timeout = min(timeout, self._pending[0].queued_at + self.interval_s - now)
+        with self._lock:
+            if self._pending:
+                if now < self._next_attempt:
+                    timeout = min(timeout, self._next_attempt - now)
+                else:
+                    timeout = min(timeout, self._pending[0].queued_at + self.interval_s - now)
         return max(0.001, timeout)
 
     def _send_next(self) -> None:
