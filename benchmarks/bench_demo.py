@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pipeline import ObservabilityConfig, ToolResultRecord, configure_telemetry
+from pipeline import ObservabilityConfig, ToolResultRecord, TraceSampling, configure_telemetry
 from pipeline.demo.__main__ import DATA_SEED, plan_conversations
 from pipeline.demo.agent import DemoAgent
 from pipeline.demo.data import build_sales_database
@@ -49,7 +49,7 @@ def main() -> None:
         database = build_sales_database(Path(work) / "sales.sqlite3", seed=DATA_SEED)
         build_s = time.perf_counter() - started
         sink = _Sink()
-        telemetry = configure_telemetry(ObservabilityConfig(service_name="bench-demo"), shutdown_on_exit=False)
+        telemetry = configure_telemetry(ObservabilityConfig(service_name="bench-demo", trace_sampling=TraceSampling.ALWAYS), shutdown_on_exit=False)
         agent = DemoAgent.create(
             model=ScriptedModel(), database_path=database, artifact_dir=Path(work) / "artifacts",
             exporter=sink, telemetry=telemetry,

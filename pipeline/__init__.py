@@ -82,11 +82,12 @@ from ._carriers import ContentBlock, ContentBlockType, MessageType, StandardMess
 from ._errors import ToolError, ToolErrorResponse, ToolErrorType, classify_exception
 from ._retry import ToolRetryPolicy
 from ._timeout import ToolTimeoutHandler, WorkerLimitReached, get_timeout_handler
-from ._executor import ToolExecutor, ToolSpec, pipeline_tool, render_levels
+from ._executor import LazyRenderings, ToolExecutor, ToolSpec, pipeline_tool, render_levels
 
 __all__ += [
     "ContentBlock",
     "ContentBlockType",
+    "LazyRenderings",
     "MessageType",
     "StandardMessage",
     "ToolError",
@@ -186,25 +187,47 @@ __all__ += [
 from ._injection import LockManager, MessageInjectionProtocol
 
 __all__ += ["LockManager", "MessageInjectionProtocol"]
-from ._metrics import ConversationMetrics, MetricsCollector, ToolMetrics
+from ._metrics import (
+    ConversationMetrics,
+    MetricsCollector,
+    ThreadSafeMetricsCollector,
+    ToolMetrics,
+    get_metrics_collector,
+)
 
-__all__ += ["ConversationMetrics", "MetricsCollector", "ToolMetrics"]
+__all__ += [
+    "ConversationMetrics",
+    "MetricsCollector",
+    "ThreadSafeMetricsCollector",
+    "ToolMetrics",
+    "get_metrics_collector",
+]
 # --- telemetry, record export, remote config ---
+from ._delivery import DeliveryStats
 from ._exporter import ExporterStats, RecordExporter, Transport, UrllibTransport, records_for_result
+from ._global_observability import (
+    configure_observability,
+    execute_with_observability,
+    get_observability_config,
+    get_telemetry,
+)
 from ._observability import (
     ObservabilityConfig,
     SpanHandle,
     Telemetry,
     ToolResultHook,
+    TraceSampling,
     configure_telemetry,
     hook_executor,
     parse_otlp_headers,
 )
+from ._span_export import SpanDeliveryProcessor
 from ._records import IngestResponse, RejectedRecord, register_migration
 from ._remote_config import ConfigPayload, EffectiveConfig, RemoteConfig, RemoteConfigStats
 
 __all__ += [
     "ConfigPayload",
+    "DeliveryStats",
     "EffectiveConfig",
     "ExporterStats",
     "IngestResponse",
@@ -213,12 +236,18 @@ __all__ += [
     "RejectedRecord",
     "RemoteConfig",
     "RemoteConfigStats",
+    "SpanDeliveryProcessor",
     "SpanHandle",
     "Telemetry",
     "ToolResultHook",
+    "TraceSampling",
     "Transport",
     "UrllibTransport",
+    "configure_observability",
     "configure_telemetry",
+    "execute_with_observability",
+    "get_observability_config",
+    "get_telemetry",
     "hook_executor",
     "parse_otlp_headers",
     "records_for_result",

@@ -5,6 +5,9 @@ output level → idempotency cache (``IdempotencyCache.lookup``: a hit at this l
 answers the call) → run with timeout → retry transient failures with backoff and
 growing timeouts → result (artifact store for large or FULL data) → token count →
 ``on_result`` callbacks (``hook_executor`` adds one that sends spans and records).
+Callbacks get the renderings at the other levels as a ``LazyRenderings``: rendered
+and counted only when read, which the hook does on its exporter thread, so a hooked
+call costs the agent no more renderings or token counts than an unhooked one.
 
 Every failure along the way becomes an error result in the standard error
 observation: nothing propagates into the agent loop, not even a failing token
@@ -18,9 +21,9 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union, overload
 
 from ._errors import ToolErrorResponse, ToolErrorType, describe_exception
 from ._exceptions import ConfigError, ToolTimeoutError
@@ -33,8 +36,50 @@ from ._timeout import ToolTimeoutHandler, get_timeout_handler
 logger = logging.getLogger("pipeline.tools")
 
 DEFAULT_MODEL = "claude-3-sonnet"
-ResultCallback = Callable[[ToolInvocationRequest, ToolExecutionResult, list[LevelRendering]], Any]
+ResultCallback = Callable[[ToolInvocationRequest, ToolExecutionResult, Sequence[LevelRendering]], Any]
 _LEVELS = (OutputLevel.BRIEF, OutputLevel.STANDARD, OutputLevel.FULL)
+
+
+class LazyRenderings(Sequence[LevelRendering]):
+    """A call's renderings at BRIEF, STANDARD and FULL, computed once, when first read
+    (from any thread). ``on_result`` callbacks receive this instead of a list so the
+    agent thread does not pay for renderings only an exporter will read."""
+
+    __slots__ = ("_compute", "_items", "_lock")
+
+    def __init__(self, compute: Callable[[], list[LevelRendering]]) -> None:
+        self._compute: Optional[Callable[[], list[LevelRendering]]] = compute
+        self._items: list[LevelRendering] = []
+        self._lock = threading.Lock()
+
+    def materialize(self) -> list[LevelRendering]:
+        if self._compute is not None:
+            with self._lock:
+                if self._compute is not None:
+                    self._items = self._compute()
+                    self._compute = None
+        return self._items
+
+    @overload
+    def __getitem__(self, index: int) -> LevelRendering: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[LevelRendering]: ...
+    def __getitem__(self, index: Any) -> Any:
+        return self.materialize()[index]
+
+    def __len__(self) -> int:
+        return len(self.materialize())
+
+    def __iter__(self) -> Iterator[LevelRendering]:
+        return iter(self.materialize())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (LazyRenderings, list)):
+            return self.materialize() == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"LazyRenderings({self.materialize()!r})"
 
 
 @dataclass(frozen=True)
@@ -226,7 +271,8 @@ class ToolExecutor:
         their token counts (for the dashboard's level comparison). No second
         artifact is written: FULL refers to the call's artifact when it has one.
         A failed call has no renderings; a cache hit only its own level's."""
-        return self._execute(request, context_usage, context_modifier, True)
+        result, renderings = self._execute(request, context_usage, context_modifier, True)
+        return result, list(renderings)
 
     def _execute(
         self,
@@ -234,16 +280,14 @@ class ToolExecutor:
         context_usage: float,
         context_modifier: Any,
         want_renderings: bool,
-    ) -> tuple[ToolExecutionResult, list[LevelRendering]]:
+    ) -> tuple[ToolExecutionResult, Sequence[LevelRendering]]:
         if not isinstance(request, ToolInvocationRequest):
             raise TypeError("execute() takes a ToolInvocationRequest")
         started = self._clock()
-        renderings: list[LevelRendering] = []
+        renderings: Sequence[LevelRendering] = []
         callbacks = self.on_result
         try:
-            result, renderings = self._run(
-                request, context_usage, context_modifier, want_renderings or bool(callbacks)
-            )
+            result, renderings = self._run(request, context_usage, context_modifier, want_renderings, bool(callbacks))
         except Exception as exc:  # a bug of ours must not reach the agent loop either
             logger.exception("tool executor failed on %s", request.tool_call_id)
             result = self._error(
@@ -263,7 +307,10 @@ class ToolExecutor:
         context_usage: float,
         context_modifier: Any,
         want_renderings: bool,
-    ) -> tuple[ToolExecutionResult, list[LevelRendering]]:
+        lazy_renderings: bool = False,
+    ) -> tuple[ToolExecutionResult, Sequence[LevelRendering]]:
+        """Run the call; renderings eagerly when ``want_renderings``, as a
+        LazyRenderings when only ``lazy_renderings`` (callbacks), else none."""
         name = request.tool_name
         if not _allowed(name, context_modifier):
             return self._error(
@@ -290,12 +337,10 @@ class ToolExecutor:
             key = request.get_or_generate_idempotency_key()
             hit = self._cached(key, request.tool_call_id, level)
             if hit is not None:
-                if not want_renderings:
-                    return hit, []
-                own = LevelRendering(
-                    level=level, observation=hit.observation, tokens=hit.observation_tokens
-                )
-                return hit, [own]
+                own = functools.partial(_own_rendering, level, hit.observation, hit.observation_tokens)
+                if want_renderings:
+                    return hit, own()
+                return hit, LazyRenderings(own) if lazy_renderings else []
 
         outcome = self._call_with_retries(request, spec)
         if isinstance(outcome, ToolExecutionResult):
@@ -308,12 +353,16 @@ class ToolExecutor:
         )
         result.retry_count = retries
         result.last_error = last_error
-        renderings: list[LevelRendering] = []
+        renderings: Sequence[LevelRendering] = []
         if want_renderings:
-            renderings = self._renderings(payload, result)
+            renderings = self._renderings(payload, result, result.warnings)
             result.observation_tokens = next(r.tokens for r in renderings if r.level is level)
         else:
             result.observation_tokens = self._count(result.observation, result.warnings)
+            if lazy_renderings:
+                # Read later, maybe on another thread: their warnings must not touch
+                # the result the agent already holds.
+                renderings = LazyRenderings(functools.partial(self._renderings, payload, result, []))
         if key is not None:
             try:
                 self.idempotency_cache.remember(key, result, policy)
@@ -383,8 +432,11 @@ class ToolExecutor:
                 warnings.append(f"token_count_estimated: {type(exc).__name__}")
             return len(text) // 4 + 1
 
-    def _renderings(self, payload: Payload, result: ToolExecutionResult) -> list[LevelRendering]:
-        """The data at each level, reusing this call's artifact (never storing another)."""
+    def _renderings(
+        self, payload: Payload, result: ToolExecutionResult, warnings: list[str]
+    ) -> list[LevelRendering]:
+        """The data at each level, reusing this call's artifact (never storing another).
+        The result's own level reuses its observation (and its token count once made)."""
         artifact_id = result.artifact_id
         # Data that went to the store because of its size would go there at any level.
         by_size = artifact_id is not None and result.output_level is not OutputLevel.FULL
@@ -393,13 +445,14 @@ class ToolExecutor:
         for level in _LEVELS:
             if level is result.output_level:
                 text = result.observation
+                if result.observation_tokens:
+                    renderings.append(_own_rendering(level, text, result.observation_tokens)[0])
+                    continue
             elif artifact_id and (level is OutputLevel.FULL or by_size):
                 text = _render(payload.raw, OutputLevel.FULL, artifact_id, summary, None)
             else:
                 text = _render(payload.raw, level, None, None, payload.full_json)
-            renderings.append(
-                LevelRendering(level=level, observation=text, tokens=self._count(text, result.warnings))
-            )
+            renderings.append(LevelRendering(level=level, observation=text, tokens=self._count(text, warnings)))
         return renderings
 
     def _error(
@@ -413,6 +466,10 @@ class ToolExecutor:
         ).to_result()
         result.observation_tokens = self._count(result.observation, result.warnings)
         return result
+
+
+def _own_rendering(level: OutputLevel, observation: str, tokens: int) -> list[LevelRendering]:
+    return [LevelRendering(level=level, observation=observation, tokens=tokens)]
 
 
 def _allowed(tool_name: str, context_modifier: Any) -> bool:

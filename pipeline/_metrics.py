@@ -7,6 +7,16 @@ A long-running agent must not grow without bound, so the collector keeps a bound
 number of conversations (the least recently active is dropped first) and each
 conversation a bounded window of recent calls. Counts, sums and averages stay
 exact because they are kept as running totals; percentiles are over the window.
+
+The design's shapes (v2.1 positional order, v2.0 fields) all work: ``ToolMetrics``
+with ``start_time``/``end_time``/``total_tokens``/``error_code`` and an
+``output_level`` given as "STANDARD"; ``ConversationMetrics(conversation_id,
+total_input_tokens, total_output_tokens, tool_calls)`` with ``start_time``,
+``end_time``, ``messages_count``; ``get_tool_stats()`` with ``call_count``,
+``avg_tokens`` and ``error_rate`` beside the richer keys; ``get_or_create_conversation``;
+``ThreadSafeMetricsCollector`` (every collector here is thread-safe).
+``get_metrics_collector()`` is the process's collector, the one ``hook_executor``
+records into and ``configure_telemetry`` exports as OTLP metrics.
 """
 
 from __future__ import annotations
@@ -17,7 +27,8 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from datetime import datetime, timezone
+from typing import Any, Iterable, Optional, Union
 
 from ._exceptions import ConfigError
 from ._levels import OutputLevel
@@ -37,9 +48,14 @@ def percentile(values: Iterable[float], pct: float) -> float:
     return float(ordered[min(rank, len(ordered)) - 1])
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ToolMetrics:
-    """One tool execution, as the metrics see it."""
+    """One tool execution, as the metrics see it (not to be changed once recorded).
+
+    ``output_level`` takes an OutputLevel or its name in any case ("STANDARD");
+    ``total_tokens`` defaults to input + output. ``start_time`` / ``end_time`` are the
+    design's v2.0 fields, kept when given (``recorded_at`` always says when).
+    """
 
     tool_name: str
     duration_ms: float
@@ -47,14 +63,22 @@ class ToolMetrics:
     output_tokens: int = 0
     success: bool = True
     retry_count: int = 0
-    output_level: OutputLevel = OutputLevel.STANDARD
+    output_level: Union[OutputLevel, str] = OutputLevel.STANDARD
     error_type: Optional[str] = None
     cache_hit: bool = False
     recorded_at: float = field(default_factory=time.time)
+    # The design's v2.0 fields.
+    start_time: Optional[datetime] = None
+    end_time: Optional[datetime] = None
+    total_tokens: int = None  # type: ignore[assignment]  # input + output unless given
+    error_code: Optional[str] = None
 
-    @property
-    def total_tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
+    def __post_init__(self) -> None:
+        # Cheap on purpose: the executor's hook records one per tool call.
+        if type(self.output_level) is not OutputLevel:
+            self.output_level = OutputLevel(str(self.output_level).lower())
+        if self.total_tokens is None:
+            self.total_tokens = self.input_tokens + self.output_tokens
 
     @classmethod
     def from_result(
@@ -71,6 +95,7 @@ class ToolMetrics:
             output_level=result.output_level,
             error_type=result.error_type,
             cache_hit=result.cache_hit,
+            error_code=result.error_code,
         )
 
 
@@ -84,6 +109,7 @@ class _ToolTotals:
         "cache_hits",
         "input_tokens",
         "output_tokens",
+        "total_tokens",
         "duration_sum",
         "durations",
         "error_types",
@@ -96,6 +122,7 @@ class _ToolTotals:
         self.cache_hits = 0
         self.input_tokens = 0
         self.output_tokens = 0
+        self.total_tokens = 0
         self.duration_sum = 0.0
         self.durations: deque[float] = deque(maxlen=window)
         self.error_types: dict[str, int] = {}
@@ -107,6 +134,7 @@ class _ToolTotals:
         self.cache_hits += metrics.cache_hit
         self.input_tokens += metrics.input_tokens
         self.output_tokens += metrics.output_tokens
+        self.total_tokens += metrics.total_tokens
         self.duration_sum += metrics.duration_ms
         self.durations.append(metrics.duration_ms)
         if not metrics.success:
@@ -124,17 +152,20 @@ class _ToolTotals:
     def stats(self) -> dict[str, Any]:
         calls = self.calls
         return {
+            "call_count": calls,  # the design's name
             "calls": calls,
             "successes": self.successes,
             "failures": calls - self.successes,
             "success_rate": self.successes / calls if calls else 0.0,
+            "error_rate": (calls - self.successes) / calls if calls else 0.0,
+            "avg_tokens": self.total_tokens / calls if calls else 0.0,
             "total_duration_ms": self.duration_sum,
             "avg_duration_ms": self.duration_sum / calls if calls else 0.0,
             "p50_duration_ms": percentile(self.durations, 50),
             "p95_duration_ms": percentile(self.durations, 95),
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
-            "total_tokens": self.input_tokens + self.output_tokens,
+            "total_tokens": self.total_tokens,
             "retries": self.retries,
             "cache_hits": self.cache_hits,
             "error_types": dict(self.error_types),
@@ -144,31 +175,35 @@ class _ToolTotals:
 @dataclass
 class ConversationMetrics:
     """The metrics of one conversation. Not locked itself: the MetricsCollector
-    mutates it under its lock and hands out copies."""
+    mutates it under its lock and hands out copies (``get_conversation``)."""
 
     conversation_id: str
-    started_at: float = field(default_factory=time.time)
-    last_activity_at: float = 0.0
-    window: int = DEFAULT_WINDOW
-
-    total_calls: int = 0
+    total_input_tokens: int = 0
+    total_output_tokens: int = 0
+    tool_calls: deque[ToolMetrics] = field(default_factory=deque)  # the most recent `window`
+    start_time: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    end_time: Optional[datetime] = None  # set by MetricsCollector.end_conversation
+    total_duration_ms: float = 0.0  # time spent in tools
     successful_calls: int = 0
     failed_calls: int = 0
     retried_calls: int = 0  # calls that needed at least one retry
-    total_input_tokens: int = 0
-    total_output_tokens: int = 0
-    total_duration_ms: float = 0.0
-
     skill_activations: int = 0
     unique_skills: list[str] = field(default_factory=list)
+    messages_count: int = 0
     compression_events: int = 0
-
-    tool_calls: deque[ToolMetrics] = field(default_factory=deque)  # the most recent `window`
+    total_calls: int = 0  # every call, also those beyond the window
+    last_activity_at: float = 0.0
+    window: int = DEFAULT_WINDOW
     _tools: dict[str, _ToolTotals] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tool_calls, deque) or self.tool_calls.maxlen != self.window:
             self.tool_calls = deque(self.tool_calls, maxlen=self.window)
+
+    @property
+    def started_at(self) -> float:
+        """``start_time`` as epoch seconds."""
+        return self.start_time.timestamp()
 
     @property
     def total_tokens(self) -> int:
@@ -212,12 +247,13 @@ class ConversationMetrics:
         return {name: totals.stats() for name, totals in sorted(self._tools.items())}
 
     def to_report(self) -> str:
-        """A plain-text report for a person reading the agent's log."""
+        """A plain-text report for a person reading the agent's log (the design's
+        sections, with failures, retries, cache hits and percentiles added)."""
         lines = [
             "Conversation Metrics Report",
-            "===========================",
+            "============================",
             f"Conversation ID: {self.conversation_id}",
-            f"Tool time: {self.total_duration_ms / 1000:.1f}s",
+            f"Duration: {self.total_duration_ms / 1000:.1f}s",
             "",
             "Token Usage:",
             f"  - Input: {self.total_input_tokens:,}",
@@ -240,9 +276,9 @@ class ConversationMetrics:
                 f"  {name}:",
                 f"    - Calls: {s['calls']} ({s['failures']} failed, {s['retries']} retries, "
                 f"{s['cache_hits']} cache hits)",
-                f"    - Duration: avg {s['avg_duration_ms']:.1f}ms, p50 {s['p50_duration_ms']:.1f}ms, "
-                f"p95 {s['p95_duration_ms']:.1f}ms",
-                f"    - Tokens: {s['total_tokens']:,}",
+                f"    - Avg Duration: {s['avg_duration_ms']:.1f}ms (p50 {s['p50_duration_ms']:.1f}ms, "
+                f"p95 {s['p95_duration_ms']:.1f}ms)",
+                f"    - Avg Tokens: {s['avg_tokens']:.0f} ({s['total_tokens']:,} in all)",
                 f"    - Success Rate: {s['success_rate']:.1%}",
             ]
             if s["error_types"]:
@@ -252,9 +288,12 @@ class ConversationMetrics:
             "",
             "Skills Activated:",
             f"  - Total: {self.skill_activations}",
+            f"  - Unique: {len(self.unique_skills)}",
             f"  - Skills: {', '.join(self.unique_skills) if self.unique_skills else 'None'}",
             "",
-            f"Compressions: {self.compression_events}",
+            "Context Management:",
+            f"  - Messages: {self.messages_count}",
+            f"  - Compressions: {self.compression_events}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -308,6 +347,39 @@ class MetricsCollector:
         self.record_tool_call(metrics, conversation_id)
         return metrics
 
+    def get_or_create_conversation(self, conversation_id: str) -> ConversationMetrics:
+        """The live metrics of a conversation, created if new (the design's accessor).
+        Read them through ``get_conversation`` while other threads record."""
+        with self._lock:
+            return self._conversation(conversation_id)
+
+    def record_message(self, conversation_id: str, count: int = 1) -> None:
+        """Count messages added to a conversation's context (``messages_count``)."""
+        with self._lock:
+            self._conversation(conversation_id).messages_count += count
+
+    def end_conversation(self, conversation_id: str) -> None:
+        """Stamp a conversation's ``end_time`` (now, UTC)."""
+        with self._lock:
+            self._conversation(conversation_id).end_time = datetime.now(timezone.utc)
+
+    def tool_totals(self) -> dict[str, dict[str, float]]:
+        """Running totals per tool across every conversation ever recorded (what the
+        OTLP metrics export reads: cheap, no percentiles)."""
+        with self._lock:
+            return {
+                name: {
+                    "calls": t.calls,
+                    "errors": t.calls - t.successes,
+                    "retries": t.retries,
+                    "cache_hits": t.cache_hits,
+                    "input_tokens": t.input_tokens,
+                    "output_tokens": t.output_tokens,
+                    "duration_ms": t.duration_sum,
+                }
+                for name, t in self._global_tools.items()
+            }
+
     def record_skill_activation(self, skill_name: str, conversation_id: str) -> None:
         with self._lock:
             self._conversation(conversation_id).add_skill_activation(skill_name)
@@ -348,3 +420,21 @@ class MetricsCollector:
             "avg_tokens_per_call": tokens / calls if calls else 0.0,
             "tools": tools,
         }
+
+
+class ThreadSafeMetricsCollector(MetricsCollector):
+    """The design's thread-safe collector: every MetricsCollector here already is."""
+
+
+_global_collector: Optional[MetricsCollector] = None
+_global_lock = threading.Lock()
+
+
+def get_metrics_collector() -> MetricsCollector:
+    """The process's MetricsCollector (created on first use)."""
+    global _global_collector
+    if _global_collector is None:
+        with _global_lock:
+            if _global_collector is None:
+                _global_collector = ThreadSafeMetricsCollector()
+    return _global_collector

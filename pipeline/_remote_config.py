@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._compression import ContextCompressionConfig
 from ._exceptions import ConfigError
-from ._exporter import MAX_RESPONSE_BYTES, Transport, UrllibTransport
+from ._delivery import MAX_RESPONSE_BYTES, Transport, UrllibTransport
 from ._levels import OutputLevel
 from ._models import ToolCachePolicy
 from ._records import Identifier

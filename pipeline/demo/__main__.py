@@ -29,6 +29,7 @@ from .. import (
     RecordExporter,
     RemoteConfig,
     Telemetry,
+    TraceSampling,
     UrllibTransport,
     configure_telemetry,
 )
@@ -214,6 +215,7 @@ def _telemetry(args: argparse.Namespace) -> Telemetry:
         return configure_telemetry(ObservabilityConfig(enabled=False), shutdown_on_exit=False)
     config = ObservabilityConfig(
         service_name="pipeline-demo-agent",
+        trace_sampling=TraceSampling.ALWAYS,  # a demo shows every round's waterfall
         environment="demo",
         otlp_endpoint=None if args.offline else args.endpoint,
         otlp_headers={} if args.offline else {"Authorization": f"Bearer {args.api_key}"},

@@ -1,15 +1,18 @@
 """Fixtures of the skill tests (test_skills.py, test_skill_activation.py): the real
-token counter, a loader over the fixture skills, and a writable copy of them."""
+token counter, a loader over the fixture skills, and a writable copy of them; and of
+the telemetry tests: a real OTLP receiver on 127.0.0.1."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from pipeline import SkillLoader
 from pipeline._tokens import DynamicTokenCounter
+from tests.pipeline.otlp_collector import Collector
 from tests.pipeline.skill_helpers import FIXTURES, MODEL
 
 
@@ -29,3 +32,11 @@ def skills(tmp_path: Path) -> Path:
     root = tmp_path / "skills"
     shutil.copytree(FIXTURES, root)
     return root
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    """An OTLP/HTTP receiver (spans, metrics, records, artifacts) on 127.0.0.1."""
+    c = Collector()
+    yield c
+    c.close()

@@ -6,11 +6,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import socket
 import threading
 import time
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Iterator, Optional
 
 import pytest
@@ -25,59 +24,31 @@ from pipeline import (
     ToolResultRecord,
     records_for_result,
 )
-from pipeline._exporter import _retry_after
+from pipeline._delivery import retry_after_seconds as _retry_after
+from tests.pipeline.delivery_helpers import FakeClock, LocalServer, free_port, wait_until
 
 API_KEY = "test-key-123"
 
 
-class IngestServer:
+class IngestServer(LocalServer):
     """A small stand-in for the dashboard's ingest: dedupes on record_id like the
     real one, and follows a script of behaviours for its next requests."""
 
-    def __init__(self) -> None:
-        self.script: deque[str] = deque()  # "500", "429:<retry-after>", "drop", "store-drop", "400", "hang"
+    def __init__(self, port: int = 0) -> None:
+        self.script: deque[str] = deque()  # "500", "429:<retry-after>", "503:<retry-after>", "drop", "store-drop", "400", "hang"
         self.stored: dict[str, dict[str, Any]] = {}
         self.requests: list[dict[str, Any]] = []
         self.artifacts: dict[str, bytes] = {}
         self.max_records: Optional[int] = None  # answer 413 above this
         self.reject_type: Optional[str] = None  # answer per-record rejections for this type
-        self.release = threading.Event()
         self.lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                server.handle(self)
-
-            def do_PUT(self) -> None:
-                server.handle(self)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(port)
 
     def received_ids(self) -> list[str]:
         return [rid for req in self.requests for rid in req.get("ids", [])]
 
     def answer(self, handler: BaseHTTPRequestHandler, status: int, payload: Any = None, headers: Optional[dict[str, str]] = None) -> None:
-        body = json.dumps(payload).encode() if payload is not None else b""
-        handler.send_response(status)
-        for name, value in (headers or {}).items():
-            handler.send_header(name, value)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
+        self.reply(handler, status, json.dumps(payload).encode() if payload is not None else b"", "application/json", headers)
 
     def handle(self, handler: BaseHTTPRequestHandler) -> None:
         body = handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
@@ -96,9 +67,10 @@ class IngestServer:
         if step == "drop":  # close without any answer
             self.requests.append(entry)
             return None
-        if step.startswith("429"):
+        if step.startswith(("429:", "503:")):
             self.requests.append(entry)
-            return self.answer(handler, 429, {"detail": "slow down"}, {"Retry-After": step.partition(":")[2] or "1"})
+            status, _, retry_after = step.partition(":")
+            return self.answer(handler, int(status), {"detail": "slow down"}, {"Retry-After": retry_after or "1"})
         if step in ("500", "503", "400", "307"):
             self.requests.append(entry)
             extra = {"Location": "/elsewhere"} if step == "307" else None
@@ -147,12 +119,6 @@ def message(i: int, conversation: str = "conv-1") -> MessageRecord:
 def exporter_for(server: IngestServer, **options: Any) -> RecordExporter:
     options.setdefault("flush_interval_ms", 20)
     return RecordExporter(server.url, API_KEY, **options)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_it_sends_records_in_batches_with_the_bearer_key(server: IngestServer) -> None:
@@ -499,3 +465,247 @@ def test_it_builds_a_tool_result_record_with_renderings() -> None:
     assert (record.tool_name, record.parameters, record.trace_id) == ("query_sales", {"region": "north"}, "a" * 32)
     plain = records_for_result(request, result, conversation_id="conv-1")
     assert plain.renderings == [] and plain.trace_id is None
+
+
+# --- outages: retry while the queue has room, spool, restart ----------------------------
+
+
+
+def test_it_retries_through_refusal_and_503_until_all_arrive_exactly_once_in_real_time() -> None:
+    port = free_port()  # nothing listens yet: connection refused
+    exporter = RecordExporter(f"http://127.0.0.1:{port}", API_KEY, flush_interval_ms=50, backoff_s=0.05,
+                              max_backoff_s=0.3)
+    records = [message(i) for i in range(30)]
+    try:
+        for record in records[:15]:  # 10 records a second while the dashboard is down
+            exporter.submit(record)
+            time.sleep(0.1)
+        down = exporter.stats()
+        assert down.retries >= 1 and down.sent == 0 and "Connection refused" in (down.last_error or "")
+        server = IngestServer(port)  # back, but overloaded for a moment
+        server.script.extend(["503:1", "503:1"])
+        try:
+            for record in records[15:]:
+                exporter.submit(record)
+                time.sleep(0.1)
+            assert exporter.flush(10)
+        finally:
+            server.close()
+    finally:
+        exporter.shutdown(2)
+    stats = exporter.stats()
+    assert set(server.stored) == {str(r.record_id) for r in records}  # distinct: each arrived
+    assert (stats.sent, stats.dropped, stats.failures, stats.queue_depth) == (30, 0, 0, 0)
+    assert [r["step"] for r in server.requests[:2]] == ["503:1", "503:1"]
+
+
+def test_it_loses_nothing_in_a_five_minute_outage_at_ten_records_a_second_with_fake_clock() -> None:
+    clock = FakeClock()
+    port = free_port()
+    exporter = RecordExporter(f"http://127.0.0.1:{port}", API_KEY, monotonic=clock.monotonic, wait=clock.wait,
+                              backoff_s=0.5, max_backoff_s=30.0)
+    records = [message(i) for i in range(3_000)]
+    for record in records:  # 300 virtual seconds, nothing listening
+        exporter.submit(record)
+        clock.advance(0.1)
+    down = exporter.stats()
+    assert down.sent == 0 and down.dropped == 0 and down.failures == 0
+    assert 5 <= down.retries <= 40  # capped exponential backoff, not a hammering loop
+    server = IngestServer(port)
+    try:
+        assert wait_until(lambda: exporter.stats().queue_depth == 0, 30, step=lambda: clock.advance(1.0))
+    finally:
+        exporter.shutdown(2)
+        server.close()
+    stats = exporter.stats()
+    assert set(server.stored) == {str(r.record_id) for r in records}
+    assert (stats.sent, stats.dropped, stats.failures) == (3_000, 0, 0)
+
+
+def test_it_drops_exactly_the_oldest_beyond_the_queue_and_counts_them() -> None:
+    port = free_port()
+    exporter = RecordExporter(f"http://127.0.0.1:{port}", API_KEY, max_queue=50, batch_size=20,
+                              flush_interval_ms=20, backoff_s=0.05, max_backoff_s=0.1)
+    records = [message(i) for i in range(120)]
+    for record in records:
+        exporter.submit(record)
+    assert wait_until(lambda: exporter.stats().dropped == 70 and exporter.stats().queue_depth == 50)
+    server = IngestServer(port)
+    try:
+        assert exporter.flush(10)
+    finally:
+        exporter.shutdown(2)
+        server.close()
+    stats = exporter.stats()
+    assert set(server.stored) == {str(r.record_id) for r in records[70:]}
+    assert (stats.dropped, stats.sent, stats.reasons["overflow"]) == (70, 50, 70)
+    assert stats.submitted == stats.sent + stats.dropped
+
+
+def test_it_bounds_the_queue_in_bytes_too(server: IngestServer) -> None:
+    big = [MessageRecord(conversation_id="c", index=i, role="user", content="x" * 10_000) for i in range(10)]
+    exporter = exporter_for(server, max_queue_bytes=35_000, start=False)
+    for record in big:
+        exporter.submit(record)
+    exporter.start()
+    assert exporter.flush(10)
+    exporter.shutdown(2)
+    stats = exporter.stats()
+    assert stats.reasons.get("overflow_bytes") == stats.dropped > 0
+    assert set(server.stored) == {str(r.record_id) for r in big[-(10 - stats.dropped):]}
+    assert stats.sent + stats.dropped == 10
+
+
+def test_it_retries_without_limit_by_default_with_fake_sleep(server: IngestServer) -> None:
+    server.script.extend(["503"] * 25)
+    exporter = exporter_for(server, sleep=lambda s: None)
+    exporter.submit(message(0))
+    assert exporter.flush(10)
+    exporter.shutdown(2)
+    assert (exporter.stats().sent, exporter.stats().retries, exporter.stats().failures) == (1, 25, 0)
+
+
+@pytest.mark.parametrize("status", ["400", "307"])
+def test_it_drops_a_refused_batch_with_its_reason(server: IngestServer, status: str) -> None:
+    server.script.append(status)
+    exporter = exporter_for(server, sleep=lambda s: None, start=False)
+    for i in range(3):
+        exporter.submit(message(i))
+    exporter.start()
+    assert exporter.flush(10)
+    exporter.shutdown(2)
+    assert exporter.stats().reasons == {f"http_{status}": 3} and exporter.stats().failures == 3
+
+
+def replay_to_a_new_server(port: int, spool_dir: Any, replayed: int) -> tuple[IngestServer, RecordExporter]:
+    """Bring the dashboard up on ``port`` and let a new exporter on ``spool_dir``
+    send what it finds there (``replayed`` records); both are stopped on return."""
+    server = IngestServer(port)
+    try:
+        exporter = RecordExporter(server.url, API_KEY, spool_dir=str(spool_dir), flush_interval_ms=20)
+        assert wait_until(lambda: exporter.stats().replayed == replayed)
+        assert exporter.flush(10)
+        exporter.shutdown(2)
+    finally:
+        server.close()
+    return server, exporter
+
+
+def test_it_keeps_what_it_could_not_send_in_the_spool_and_a_new_exporter_sends_it(tmp_path: Any) -> None:
+    port = free_port()
+    spool = tmp_path / "spool"
+    first = RecordExporter(f"http://127.0.0.1:{port}", API_KEY, spool_dir=str(spool), backoff_s=5.0)
+    records = [message(i) for i in range(40)]
+    for record in records:
+        first.submit(record)
+    assert wait_until(lambda: first.stats().spooled == 40)
+    assert first.shutdown(0.5) is False  # nothing listens: it cannot deliver
+    stats = first.stats()
+    assert (stats.kept_in_spool, stats.failures, stats.sent) == (40, 0, 0)
+    server, second = replay_to_a_new_server(port, spool, 40)
+    assert set(server.stored) == {str(r.record_id) for r in records}
+    assert second.stats().sent == 40 and second.stats().kept_in_spool == 0
+    third = RecordExporter(server.url, API_KEY, spool_dir=str(spool))  # delivered: nothing left to replay
+    assert wait_until(lambda: third._records._spool.enabled)
+    third.shutdown(1)
+    assert third.stats().replayed == 0
+
+
+AGENT = """
+import sys, time
+from pipeline import MessageRecord, RecordExporter
+exporter = RecordExporter(sys.argv[1], "test-key-123", spool_dir=sys.argv[2], backoff_s=5.0)
+for i in range(int(sys.argv[3])):
+    exporter.submit(MessageRecord(conversation_id="crash", index=i, role="user", content=f"q{i}"))
+while exporter.stats().spooled < int(sys.argv[3]):
+    time.sleep(0.01)
+print("spooled", flush=True)
+time.sleep(60)  # killed before this ends
+"""
+
+
+def test_it_delivers_after_the_agent_is_killed_with_sigkill(tmp_path: Any) -> None:
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    port = free_port()
+    root = Path(__file__).resolve().parents[2]
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, f"http://127.0.0.1:{port}", str(tmp_path), "25"],
+                             stdout=subprocess.PIPE, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    try:
+        assert agent.stdout is not None and agent.stdout.readline().strip() == "spooled"
+    finally:
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+    server, _ = replay_to_a_new_server(port, tmp_path, 25)
+    assert sorted(r["index"] for r in server.stored.values()) == list(range(25))
+
+
+def test_it_skips_a_torn_last_entry_of_the_spool_and_sends_the_rest(tmp_path: Any) -> None:
+    port = free_port()
+    first = RecordExporter(f"http://127.0.0.1:{port}", API_KEY, spool_dir=str(tmp_path), backoff_s=5.0)
+    records = [message(i) for i in range(10)]
+    for record in records:
+        first.submit(record)
+    assert wait_until(lambda: first.stats().spooled == 10)
+    first.shutdown(0.3)
+    (segment,) = sorted(tmp_path.glob("segment-*.spool"))
+    data = segment.read_bytes()
+    segment.write_bytes(data[:-7])  # a crash in the middle of writing the last entry
+    server, second = replay_to_a_new_server(port, tmp_path, 9)
+    assert set(server.stored) == {str(r.record_id) for r in records[:9]}
+    assert second._records._spool.torn == 1
+
+
+def test_it_continues_in_memory_when_the_spool_directory_is_unusable(server: IngestServer, tmp_path: Any,
+                                                                      caplog: Any) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with caplog.at_level("WARNING", logger="pipeline.exporter"):
+        exporter = exporter_for(server, spool_dir=str(blocker / "spool"))
+        for i in range(5):
+            assert exporter.submit(message(i))
+        assert exporter.flush(10)
+        exporter.submit(message(5))
+        assert exporter.flush(10)
+        exporter.shutdown(2)
+    stats = exporter.stats()
+    assert (stats.sent, stats.spool_errors, stats.spooled) == (6, 1, 0)
+    assert len([r for r in caplog.records if "spool" in r.getMessage()]) == 1
+
+
+def test_it_refuses_to_share_a_spool_directory_between_two_live_exporters(server: IngestServer, tmp_path: Any) -> None:
+    first = exporter_for(server, spool_dir=str(tmp_path))
+    assert wait_until(lambda: first._records._spool.enabled)
+    second = exporter_for(server, spool_dir=str(tmp_path))
+    second.submit(message(0))
+    assert second.flush(10)
+    assert second.stats().spool_errors == 1 and second.stats().sent == 1
+    second.shutdown(1)
+    first.shutdown(1)
+
+
+def test_it_measures_how_long_records_wait_before_they_are_on_disk(server: IngestServer, tmp_path: Any) -> None:
+    exporter = exporter_for(server, spool_dir=str(tmp_path), flush_interval_ms=500)
+    for i in range(20):
+        exporter.submit(message(i))
+        time.sleep(0.01)
+    assert exporter.flush(10)
+    exporter.shutdown(2)
+    lag = exporter.stats().spool_lag_ms_max
+    assert 0 < lag < 1_000  # written within about one 100 ms spool interval, not the flush interval
+
+
+def test_it_keeps_spooling_while_a_send_hangs(server: IngestServer, tmp_path: Any) -> None:
+    server.script.append("hang")  # the dashboard accepts the request and never answers
+    exporter = exporter_for(server, spool_dir=str(tmp_path), request_timeout_s=30, batch_size=1)
+    exporter.submit(message(0))
+    assert wait_until(lambda: len(server.requests) == 1)  # the sending thread is stuck in it now
+    for i in range(1, 6):
+        exporter.submit(message(i))
+    assert wait_until(lambda: exporter.stats().spooled == 6, 2)  # on disk within the spool interval
+    assert exporter.stats().spool_lag_ms_max < 1_000
+    exporter.shutdown(0.3)
+    assert exporter.stats().kept_in_spool == 5  # the one in flight is neither kept nor counted lost

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 import threading
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any
 
 import pytest
@@ -169,7 +169,8 @@ def test_it_writes_a_readable_report() -> None:
     assert "  - Total: 330" in report  # tokens
     assert "  - Failed: 1" in report and "  - Retried: 1" in report
     assert report.index("query_database:") < report.index("run_python:")  # most calls first
-    assert "avg 200.0ms, p50 100.0ms, p95 300.0ms" in report
+    assert "Avg Duration: 200.0ms (p50 100.0ms, p95 300.0ms)" in report
+    assert "Avg Tokens: 160 (320 in all)" in report
     assert "Success Rate: 50.0%" in report and "timeout x1" in report
     assert "1 cache hits" in report
     assert "  - Total: 2" in report and "Skills: sales-report" in report
@@ -289,3 +290,67 @@ def test_it_rounds_percentiles_to_observed_values() -> None:
     assert percentile(values, 95) == 95.0
     assert percentile([5.0], 95) == 5.0
     assert math.isclose(percentile([1.0, 2.0], 50), 1.0)
+
+
+# --- the design's shapes (v2.1 order, v2.0 fields) -------------------------------------
+
+
+def test_it_takes_tool_metrics_in_the_designs_shapes() -> None:
+    from datetime import datetime, timezone
+
+    v21 = ToolMetrics("query_database", 120.0, 30, 400, True, 1, "STANDARD")  # v2.1, positionally
+    assert (v21.output_level, v21.total_tokens, v21.retry_count) == (OutputLevel.STANDARD, 430, 1)
+    assert (v21.start_time, v21.end_time) == (None, None) and v21.recorded_at > 0
+    start = datetime(2025, 2, 6, 10, 0, tzinfo=timezone.utc)
+    end = datetime(2025, 2, 6, 10, 0, 1, tzinfo=timezone.utc)
+    v20 = ToolMetrics(tool_name="run_python", start_time=start, end_time=end, duration_ms=1000.0, input_tokens=5,
+                      output_tokens=7, total_tokens=20, success=False, error_code="E_TIMEOUT", output_level="brief")
+    assert (v20.start_time, v20.end_time, v20.total_tokens, v20.error_code) == (start, end, 20, "E_TIMEOUT")
+    assert v20.output_level is OutputLevel.BRIEF
+    with pytest.raises(ValueError):
+        ToolMetrics("t", 1.0, output_level="LOUD")
+
+
+def test_it_builds_conversation_metrics_in_the_designs_shapes() -> None:
+    from datetime import datetime, timezone
+
+    started = datetime(2025, 2, 6, tzinfo=timezone.utc)
+    v20 = ConversationMetrics(conversation_id="conv-1", start_time=started)
+    assert (v20.start_time, v20.end_time, v20.messages_count, v20.tool_calls) == (started, None, 0, deque())
+    v21 = ConversationMetrics("conv-2", 10, 20, [ToolMetrics("t", 1.0)])  # v2.1 order
+    assert (v21.total_input_tokens, v21.total_output_tokens, len(v21.tool_calls), v21.total_tokens) == (10, 20, 1, 30)
+    assert v20.started_at == started.timestamp()
+
+
+def test_it_gives_the_designs_tool_stats_keys_checked_against_the_calls() -> None:
+    conversation = ConversationMetrics(conversation_id="conv-1")
+    calls = [ToolMetrics("q", 100.0, 10, 30), ToolMetrics("q", 300.0, 0, 20, success=False), ToolMetrics("r", 5.0)]
+    for call in calls:
+        conversation.add(call)
+    q = conversation.get_tool_stats()["q"]
+    assert q["call_count"] == 2 == q["calls"]
+    assert q["avg_duration_ms"] == 200.0 and q["avg_tokens"] == (40 + 20) / 2
+    assert (q["success_rate"], q["error_rate"]) == (0.5, 0.5)
+    report = conversation.to_report()
+    for line in ("Duration: 0.4s", "Avg Duration: 200.0ms", "Avg Tokens: 30", "Unique: 0", "Context Management:",
+                 "Messages: 0", "Compressions: 0"):
+        assert line in report
+
+
+def test_it_offers_the_designs_collector_methods() -> None:
+    from pipeline import ThreadSafeMetricsCollector, get_metrics_collector
+
+    collector = ThreadSafeMetricsCollector()
+    live = collector.get_or_create_conversation("conv-1")
+    collector.record_tool_call(ToolMetrics("q", 10.0, 1, 2), "conv-1")
+    collector.record_message("conv-1", 3)
+    collector.end_conversation("conv-1")
+    assert live is collector.get_or_create_conversation("conv-1") and live.total_calls == 1
+    assert live.messages_count == 3 and live.end_time is not None
+    stats = collector.get_global_stats()
+    assert {"total_conversations", "total_tool_calls", "total_tokens", "total_duration_seconds",
+            "avg_tokens_per_call"} <= set(stats)
+    assert collector.tool_totals() == {"q": {"calls": 1, "errors": 0, "retries": 0, "cache_hits": 0,
+                                             "input_tokens": 1, "output_tokens": 2, "duration_ms": 10.0}}
+    assert get_metrics_collector() is get_metrics_collector()
+    assert isinstance(get_metrics_collector(), MetricsCollector)

@@ -3,19 +3,13 @@
 
 from __future__ import annotations
 
-import gzip
+import dataclasses
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
 from pipeline import (
@@ -29,120 +23,27 @@ from pipeline import (
     ToolExecutionResult,
     ToolInvocationRequest,
     ToolResultHook,
+    TraceSampling,
     configure_telemetry,
     hook_executor,
     parse_otlp_headers,
 )
 from pipeline._exceptions import ConfigError
+from tests.pipeline.otlp_collector import STATUS_ERROR, STATUS_OK, Collector
 
 
-def _value(any_value: Any) -> Any:
-    kind = any_value.WhichOneof("value")
-    return getattr(any_value, kind) if kind else None
 
-
-class Collector:
-    """An OTLP/HTTP receiver (and a records endpoint, for the executor hook)."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict[str, Any]] = []
-        self.resources: list[dict[str, Any]] = []
-        self.requests: list[dict[str, str]] = []
-        self.records: list[dict[str, Any]] = []
-        self.artifacts: dict[str, bytes] = {}
-        self.hang = threading.Event()
-        self.release = threading.Event()
-        collector = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                collector.handle(self)
-
-            def do_PUT(self) -> None:
-                collector.handle(self)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self) -> None:
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def reply(self, handler: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str) -> None:
-        handler.send_response(status)
-        handler.send_header("Content-Type", content_type)
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
-
-    def handle(self, handler: BaseHTTPRequestHandler) -> None:
-        body = handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
-        self.requests.append({k.lower(): v for k, v in handler.headers.items()} | {"path": handler.path})
-        if self.hang.is_set():
-            self.release.wait(30)
-            return
-        if handler.path == "/api/v1/records":
-            records = json.loads(body)["records"]
-            self.records.extend(records)
-            answer = json.dumps({"accepted": len(records), "duplicates": 0, "rejected": []}).encode()
-            return self.reply(handler, 200, answer, "application/json")
-        if handler.path.startswith("/api/v1/artifacts/"):
-            self.artifacts[handler.path.rsplit("/", 1)[1]] = body
-            return self.reply(handler, 201, b"{}", "application/json")
-        assert handler.path == "/v1/traces"
-        if handler.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
-        for resource_spans in request.resource_spans:
-            resource = {kv.key: _value(kv.value) for kv in resource_spans.resource.attributes}
-            self.resources.append(resource)
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    self.spans.append(
-                        {
-                            "name": span.name,
-                            "trace_id": span.trace_id.hex(),
-                            "span_id": span.span_id.hex(),
-                            "parent_span_id": span.parent_span_id.hex(),
-                            "attributes": {kv.key: _value(kv.value) for kv in span.attributes},
-                            "status": span.status.code,
-                            "status_message": span.status.message,
-                            "duration_ns": span.end_time_unix_nano - span.start_time_unix_nano,
-                            "kind": span.kind,
-                        }
-                    )
-        self.reply(handler, 200, ExportTraceServiceResponse().SerializeToString(), "application/x-protobuf")
-
-    def named(self, name: str) -> dict[str, Any]:
-        matches = [s for s in self.spans if s["name"] == name]
-        assert len(matches) == 1, f"{name}: {[s['name'] for s in self.spans]}"
-        return matches[0]
-
-
-STATUS_OK, STATUS_ERROR = 1, 2
-
-
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    c = Collector()
-    yield c
-    c.close()
 
 
 def telemetry_for(collector: Collector, **overrides: Any) -> Any:
     options: dict[str, Any] = {
         "otlp_endpoint": collector.url,
-        "compression": "none",
+        "otlp_compression": "none",
         "service_name": "sales-agent",
         "environment": "test",
         "schedule_delay_ms": 50,
+        "trace_sampling": TraceSampling.ALWAYS,
+        "enable_metrics": False,
     }
     options.update(overrides)
     return configure_telemetry(ObservabilityConfig(**options), shutdown_on_exit=False)
@@ -293,7 +194,7 @@ def test_it_nests_chat_tool_compression_and_skill_spans_under_invoke_agent(colle
 
 
 def test_it_gzips_spans_when_configured(collector: Collector) -> None:
-    telemetry = telemetry_for(collector, compression="gzip")
+    telemetry = telemetry_for(collector, otlp_compression="gzip")
     with telemetry.tool_span(request(), "conv-1") as span:
         span.record_tool_result(ok_result())
     telemetry.shutdown(5)
@@ -437,20 +338,38 @@ def test_it_refuses_an_executor_without_on_result() -> None:
     [
         ("otlp_endpoint", "localhost:4318"),
         ("otlp_endpoint", "ftp://collector"),
-        ("compression", "brotli"),
-        ("sampling", "sometimes"),
+        ("otlp_compression", "brotli"),
+        ("trace_sampling", "sometimes"),
+        ("trace_sampling", 3),
         ("sample_ratio", 1.5),
         ("sample_ratio", -0.1),
+        ("sample_ratio", True),
         ("slow_threshold_ms", -1),
-        ("export_timeout_ms", 0),
+        ("trace_export_timeout_ms", 0),
+        ("trace_batch_size", 20_000),
+        ("metrics_export_interval_s", 0),
+        ("metrics_export_timeout_ms", -3),
         ("max_queue_size", -5),
-        ("max_export_batch_size", 10_000),
+        ("max_queue_bytes", 0),
         ("service_name", ""),
         ("service_name", "agent\n"),
         ("environment", "x" * 201),
         ("otlp_headers", {"bad header": "v"}),
         ("otlp_headers", {"x-ok": "line\r\nInjected: 1"}),
-        ("enabled", "yes"),
+        ("otlp_headers", ["not", "a", "mapping"]),
+        ("enable_tracing", "yes"),
+        ("enable_metrics", 1),
+        ("enable_logging", None),
+        ("log_level", "LOUD"),
+        ("log_level", 10),
+        ("log_format", "xml"),
+        ("log_output", ["stdout", "syslog"]),
+        ("log_output", "stdout"),
+        ("extra_tags", {"team": 7}),
+        ("extra_tags", {"": "x"}),
+        ("spool_dir", ""),
+        ("spool_fsync", "sometimes"),
+        ("log_file", ""),
     ],
 )
 def test_it_names_the_field_of_an_invalid_config(field: str, value: Any) -> None:
@@ -459,15 +378,64 @@ def test_it_names_the_field_of_an_invalid_config(field: str, value: Any) -> None
     assert info.value.field == field
 
 
+@pytest.mark.parametrize(
+    "earlier, value, field",
+    [
+        ("compression", "brotli", "otlp_compression"),
+        ("export_timeout_ms", 0, "trace_export_timeout_ms"),
+        ("max_export_batch_size", 20_000, "trace_batch_size"),
+        ("enabled", "yes", "enable_tracing"),
+        ("sampling", "sometimes", "trace_sampling"),
+    ],
+)
+def test_it_names_the_documented_field_for_an_earlier_name(earlier: str, value: Any, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ObservabilityConfig.from_dict({earlier: value})
+    assert info.value.field == field
+
+
+def test_it_accepts_the_earlier_names_and_reads_them_back() -> None:
+    config = ObservabilityConfig(enabled=False, compression="none", export_timeout_ms=1234, max_export_batch_size=7,
+                                 sampling="errors_and_slow")
+    assert (config.enable_tracing, config.otlp_compression, config.trace_export_timeout_ms, config.trace_batch_size) == (
+        False, "none", 1234, 7)
+    assert (config.enabled, config.compression, config.export_timeout_ms, config.max_export_batch_size) == (
+        False, "none", 1234, 7)
+    assert config.trace_sampling is TraceSampling.ERRORS_AND_SLOW and config.sampling == "errors_and_slow"
+    assert ObservabilityConfig(sampling="all").trace_sampling is TraceSampling.ALWAYS
+    assert ObservabilityConfig(sampling="none").get_sampling_rate() == 0.0
+    assert ObservabilityConfig(sampling="ratio", sample_ratio=0.25).get_sampling_rate() == 0.25
+    assert ObservabilityConfig.from_dict({"enabled": False, "compression": "none"}) == ObservabilityConfig(
+        enable_tracing=False, otlp_compression="none")
+    config.export_timeout_ms = 99
+    assert config.trace_export_timeout_ms == 99
+    # dataclasses.replace() must not undo its own change through the earlier names
+    assert dataclasses.replace(config, enable_tracing=True).enable_tracing is True
+
+
+def test_it_refuses_an_earlier_name_given_with_the_documented_one() -> None:
+    with pytest.raises(TypeError, match="not both"):
+        ObservabilityConfig(compression="gzip", otlp_compression="none")
+    with pytest.raises(ConfigError, match="not both"):
+        ObservabilityConfig.from_dict({"enabled": True, "enable_tracing": False})
+
+
 def test_it_refuses_unknown_config_fields() -> None:
-    with pytest.raises(ConfigError, match="trace_sampling"):
-        ObservabilityConfig.from_dict({"trace_sampling": "high"})
+    with pytest.raises(ConfigError, match="trace_samplin"):
+        ObservabilityConfig.from_dict({"trace_samplin": "high"})
 
 
 def test_it_round_trips_the_config_through_a_dict() -> None:
-    config = ObservabilityConfig(otlp_endpoint="https://obs.example.com", otlp_headers={"x-k": "v"}, sampling="ratio", sample_ratio=0.25)
-    assert ObservabilityConfig.from_dict(config.to_dict()) == config
+    config = ObservabilityConfig(
+        otlp_endpoint="https://obs.example.com", otlp_headers={"x-k": "v"}, trace_sampling=TraceSampling.HIGH,
+        sample_ratio=0.25, extra_tags={"team": "ba"}, log_output=["stderr"], spool_dir="/var/spool/agent",
+    )
+    data = config.to_dict()
+    assert data["trace_sampling"] == "high" and data["log_output"] == ["stderr"]
+    assert ObservabilityConfig.from_dict(data) == config
+    assert ObservabilityConfig.from_dict(json.loads(json.dumps(data))) == config
     assert config.traces_url == "https://obs.example.com/v1/traces"
+    assert config.metrics_url == "https://obs.example.com/v1/metrics"
 
 
 def test_it_parses_otel_exporter_otlp_headers() -> None:
@@ -501,3 +469,44 @@ def test_it_reads_the_standard_otel_environment_variables() -> None:
     assert ObservabilityConfig.from_env({"OTEL_SDK_DISABLED": "true"}).enabled is False
     with pytest.raises(ConfigError, match="export_timeout_ms"):
         ObservabilityConfig.from_env({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"})
+
+
+@pytest.mark.parametrize(
+    "sampler, argument, expected",
+    [
+        ("always_on", "", (TraceSampling.ALWAYS, None)),
+        ("parentbased_always_off", "", (TraceSampling.NEVER, None)),
+        ("parentbased_traceidratio", "0.25", (TraceSampling.MEDIUM, 0.25)),
+        ("traceidratio", "", (TraceSampling.MEDIUM, 1.0)),
+    ],
+)
+def test_it_reads_the_otel_sampler_variables(sampler: str, argument: str, expected: tuple[Any, Any]) -> None:
+    config = ObservabilityConfig.from_env({"OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": argument})
+    assert (config.trace_sampling, config.sample_ratio) == expected
+
+
+@pytest.mark.parametrize(
+    "env, field",
+    [
+        ({"OTEL_TRACES_SAMPLER": "jaeger_remote"}, "trace_sampling"),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "half"}, "sample_ratio"),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "7"}, "sample_ratio"),
+        ({"OTEL_METRIC_EXPORT_INTERVAL": "often"}, "metrics_export_interval_s"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "novalue"}, "extra_tags"),
+    ],
+)
+def test_it_names_the_field_of_a_bad_otel_variable(env: dict[str, str], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ObservabilityConfig.from_env(env)
+    assert info.value.field == field
+
+
+def test_it_reads_resource_attributes_and_the_metric_interval_from_the_environment() -> None:
+    config = ObservabilityConfig.from_env({
+        "OTEL_RESOURCE_ATTRIBUTES": "team=ba,deployment.environment=staging,region=cn%2Deast",
+        "OTEL_METRIC_EXPORT_INTERVAL": "15000",
+        "OTEL_SDK_DISABLED": "true",
+    })
+    assert config.extra_tags == {"team": "ba", "region": "cn-east"} and config.environment == "staging"
+    assert config.metrics_export_interval_s == 15
+    assert (config.enable_tracing, config.enable_metrics) == (False, False)

@@ -45,6 +45,7 @@ TOOL_PROTOCOL_API = {
     "WorkerLimitReached",
     "get_timeout_handler",
     # _executor
+    "LazyRenderings",
     "ToolExecutor",
     "ToolSpec",
     "pipeline_tool",

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Iterator, Optional
 
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from pipeline import ConfigPayload, EffectiveConfig, OutputLevel, RemoteConfig, ToolCachePolicy
 from pipeline._compression import AdvancedContextManager, ContextCompressionConfig
 from pipeline._tokens import ModelEncoderRegistry, ModelFamily
+from tests.pipeline.delivery_helpers import LocalServer, free_port
 
 API_KEY = "cfg-key"
 
@@ -28,28 +27,12 @@ GOOD = {
 }
 
 
-class ConfigServer:
+class ConfigServer(LocalServer):
     def __init__(self) -> None:
         self.body: bytes = json.dumps(GOOD).encode()
         self.mode = "ok"  # "ok", "drop", "500", "junk"
         self.seen_etags: list[Optional[str]] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                server.handle(self)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__()
 
     def serve(self, payload: Any) -> None:
         self.body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
@@ -69,13 +52,7 @@ class ConfigServer:
         self.send(handler, 200, self.body, etag)
 
     def send(self, handler: BaseHTTPRequestHandler, status: int, body: bytes, etag: Optional[str] = None) -> None:
-        handler.send_response(status)
-        if etag:
-            handler.send_header("ETag", etag)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
+        self.reply(handler, status, body, "application/json", {"ETag": etag} if etag else None)
 
 
 @pytest.fixture
@@ -142,10 +119,7 @@ def test_it_keeps_the_last_good_config_when_nothing_listens(server: ConfigServer
     remote = client(server)
     remote.refresh_now()
     good = remote.current()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    remote.url = f"http://127.0.0.1:{port}/api/v1/config"
+    remote.url = f"http://127.0.0.1:{free_port()}/api/v1/config"
     assert remote.refresh_now() is False
     assert remote.current() is good
     assert "Error" in (remote.stats().last_error or "")

@@ -27,6 +27,7 @@ from pipeline import (
     RoundRecord,
     SkillActivationRecord,
     ToolResultRecord,
+    TraceSampling,
     configure_telemetry,
     parse_record,
 )
@@ -73,7 +74,7 @@ def run(sales_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
     transport = FakeTransport()
     exporter = RecordExporter("http://dashboard.test", "po_fake", transport=transport, flush_interval_ms=50)
     spans = InMemorySpanExporter()
-    telemetry = configure_telemetry(ObservabilityConfig(schedule_delay_ms=50), exporter=spans, shutdown_on_exit=False)
+    telemetry = configure_telemetry(ObservabilityConfig(schedule_delay_ms=50, trace_sampling=TraceSampling.ALWAYS), exporter=spans, shutdown_on_exit=False)
     agent = DemoAgent.create(
         model=ScriptedModel(), database_path=sales_db, artifact_dir=tmp_path_factory.mktemp("artifacts"),
         exporter=exporter, telemetry=telemetry,
@@ -367,6 +368,7 @@ def _run_against(
     exporter = RecordExporter(endpoint, "po_key", max_retries=1, backoff_s=0.01, request_timeout_s=2, flush_interval_ms=50)
     telemetry = configure_telemetry(
         ObservabilityConfig(otlp_endpoint=endpoint, otlp_headers={"Authorization": "Bearer po_key"},
+                            trace_sampling=TraceSampling.ALWAYS,
                             export_timeout_ms=1_000, schedule_delay_ms=50),
         shutdown_on_exit=False,
     )
