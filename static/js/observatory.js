@@ -129,7 +129,68 @@
     };
   }
 
-  var KINDS = { "token-budget": tokenBudget, histogram: histogram, trend: trend };
+  // A click on a bucket of a time series follows the link the server made for it
+  // (the conversations started in it, or a tool's failures in it).
+  function drillDown(data) {
+    return function (event, elements, chart) {
+      var hit = chart.getElementsAtEventForMode(event, "index", { intersect: false }, false);
+      var i = hit.length ? hit[0].index : -1;
+      if (i >= 0 && data.links && data.links[i]) window.location.assign(data.links[i]);
+    };
+  }
+
+  // Overview and tool pages: calls and errors per bucket (bars), p95 latency (line, right axis).
+  function activity(data) {
+    var options = baseOptions("calls");
+    options.scales.ms = {
+      position: "right",
+      beginAtZero: true,
+      grid: { drawOnChartArea: false },
+      title: { display: true, text: "p95 latency (ms, bucket bound)" },
+    };
+    options.onClick = drillDown(data);
+    return {
+      type: "bar",
+      data: {
+        labels: data.labels,
+        datasets: [
+          { label: "tool calls", data: data.calls, backgroundColor: COLORS.bar },
+          { label: "errors", data: data.errors, backgroundColor: COLORS.error },
+          { label: "p95 latency", data: data.p95_ms, type: "line", yAxisID: "ms",
+            borderColor: COLORS.threshold, backgroundColor: COLORS.threshold, spanGaps: true },
+        ],
+      },
+      options: options,
+    };
+  }
+
+  // Overview: conversations started and their tokens (bars), cost (line, right axis).
+  function usage(data) {
+    var options = baseOptions("tokens");
+    options.scales.usd = {
+      position: "right",
+      beginAtZero: true,
+      grid: { drawOnChartArea: false },
+      title: { display: true, text: "cost (USD)" },
+    };
+    options.onClick = drillDown(data);
+    return {
+      type: "bar",
+      data: {
+        labels: data.labels,
+        datasets: [
+          { label: "tokens (in + out)", data: data.tokens, backgroundColor: COLORS.bar },
+          { label: "cost (USD)", data: data.cost_usd, type: "line", yAxisID: "usd",
+            borderColor: COLORS.ok, backgroundColor: COLORS.ok },
+          { label: "conversations", data: data.conversations, type: "line", yAxisID: "usd", hidden: true,
+            borderColor: COLORS.window, backgroundColor: COLORS.window },
+        ],
+      },
+      options: options,
+    };
+  }
+
+  var KINDS = { "token-budget": tokenBudget, histogram: histogram, trend: trend, activity: activity, usage: usage };
 
   function drawCharts(root) {
     if (typeof window.Chart === "undefined") return;

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Optional
 
-from django.db.models import Count, Sum
+from django.db.models import Count, QuerySet, Sum
 
 from dashboard.accounts.models import Project
 from dashboard.observatory import histogram
 from dashboard.observatory.models import ToolExecution
 from dashboard.observatory.selectors import LEVELS, ToolStats, level_token_sums
+from dashboard.tuning.pricing import PriceTable
 
 # Up to this many calls in range, the tool detail page reads the durations and
 # computes exact percentiles; above it, the histogram's bucket bounds are shown.
@@ -110,4 +111,34 @@ def level_costs(project: Project, tool_name: str, *, since: datetime) -> dict[st
     costs["seen_mean"] = costs["seen"] / costs["calls"] if costs["calls"] else None
     costs["sampled"] = costs["calls"] >= LEVEL_COST_CALLS
     costs["limit"] = LEVEL_COST_CALLS
+    costs.update(level_costs_usd(newest))
     return costs
+
+
+def level_costs_usd(executions: QuerySet) -> dict[str, Any]:
+    """In USD (pico), at the input price of each call's model on its day: what each
+    level's rendering would have cost over the calls that sent it, what the
+    renderings the model was actually given cost over those same calls, and the
+    difference (what a policy of that level would have saved; negative: cost
+    more). Calls whose model has no price are left out and counted."""
+    table = PriceTable.load()
+    out: dict[str, Any] = {f"{level}_{kind}": 0 for level in LEVELS for kind in ("usd", "seen_usd")}
+    out["unpriced_calls"] = priced = 0
+    rows = ToolExecution.objects.filter(id__in=executions).values_list(
+        "model", "conversation__model", "occurred_at", "observation_tokens", *(f"{level}_tokens" for level in LEVELS)
+    )
+    for model, conversation_model, occurred_at, seen, *rendered in rows.iterator(chunk_size=2000):
+        price = table.price_for(model or conversation_model or "", occurred_at)
+        if price is None:
+            out["unpriced_calls"] += 1
+            continue
+        priced += 1
+        for level, tokens in zip(LEVELS, rendered):
+            if tokens is not None:
+                out[f"{level}_usd"] += price.cost(tokens)
+                out[f"{level}_seen_usd"] += price.cost(seen)
+    for level in LEVELS:
+        out[f"{level}_saving_usd"] = out[f"{level}_seen_usd"] - out[f"{level}_usd"]
+        if not priced:  # no call had a price: "no price", not $0
+            out[f"{level}_usd"] = out[f"{level}_seen_usd"] = out[f"{level}_saving_usd"] = None
+    return out
