@@ -70,7 +70,7 @@ class ModelCost:
 class CostTotals:
     cost_pico_usd: Optional[int]
     unpriced_rounds: int
-    tool_cost_pico_usd: int
+    tool_cost_pico_usd: Optional[int]  # None: no call had a price
     by_model: list[ModelCost]
 
 
@@ -91,11 +91,12 @@ def cost_totals(project: Project, *, since: datetime) -> CostTotals:
         .order_by("-cost", "model")
     ]
     priced = [m.cost_pico_usd for m in by_model if m.cost_pico_usd is not None]
-    tool_cost = ToolHourlyRollup.objects.filter(project=project, hour__gte=since).aggregate(c=Sum("cost_pico_usd"))
+    tool_cost = ToolHourlyRollup.objects.filter(project=project, hour__gte=since).aggregate(
+        c=Sum("cost_pico_usd"), priced=Sum("priced_calls"))
     return CostTotals(
         cost_pico_usd=sum(priced) if priced else None,
         unpriced_rounds=sum(m.unpriced_rounds for m in by_model),
-        tool_cost_pico_usd=tool_cost["c"] or 0,
+        tool_cost_pico_usd=(tool_cost["c"] or 0) if tool_cost["priced"] else None,
         by_model=by_model,
     )
 

@@ -63,12 +63,12 @@ def time_series(
         return (hour.date() - since.date()).days
 
     calls, errors, observation_tokens = [0] * n, [0] * n, [0] * n
-    tool_cost = [0] * n
+    tool_cost, tool_priced = [0] * n, [0] * n
     histograms = [histogram.empty_histogram() for _ in range(n)]
     tools = ToolHourlyRollup.objects.filter(project=project, hour__gte=since, hour__lt=until)
     if tool_name:
         tools = tools.filter(tool_name=tool_name)
-    for row in tools.values_list("hour", "calls", "errors", "cost_pico_usd", "latency_histogram",
+    for row in tools.values_list("hour", "calls", "errors", "cost_pico_usd", "priced_calls", "latency_histogram",
                                  *(f"{level}_tokens" for level in LEVELS)).iterator(chunk_size=2000):
         i = index(row[0])
         if not 0 <= i < n:
@@ -76,9 +76,10 @@ def time_series(
         calls[i] += row[1]
         errors[i] += row[2]
         tool_cost[i] += row[3]
-        for b, count in enumerate(list(row[4] or [])[: histogram.BUCKET_COUNT]):
+        tool_priced[i] += row[4]
+        for b, count in enumerate(list(row[5] or [])[: histogram.BUCKET_COUNT]):
             histograms[i][b] += int(count)
-        observation_tokens[i] += sum(row[5:])
+        observation_tokens[i] += sum(row[6:])
     series: dict[str, Any] = {
         "labels": [_label(start, step) for start in edges],
         "starts": [start.isoformat() for start in edges],
@@ -87,21 +88,28 @@ def time_series(
         "errors": errors,
         "p95_ms": [histogram.percentile(h, 0.95) for h in histograms],
         "observation_tokens": observation_tokens,
-        "tool_cost_usd": [pico / 10**12 for pico in tool_cost],
+        "tool_cost_usd": _usd(tool_cost, tool_priced),
         "step": "hour" if step == timedelta(hours=1) else "day",
     }
     if not tool_name:
-        conversations, tokens, cost = [0] * n, [0] * n, [0] * n
-        for hour, started, tokens_in, tokens_out, pico in UsageHourlyRollup.objects.filter(
+        conversations, tokens, cost, priced = [0] * n, [0] * n, [0] * n, [0] * n
+        for hour, started, tokens_in, tokens_out, pico, priced_conversations in UsageHourlyRollup.objects.filter(
             project=project, hour__gte=since, hour__lt=until
-        ).values_list("hour", "conversations", "input_tokens", "output_tokens", "cost_pico_usd"):
+        ).values_list("hour", "conversations", "input_tokens", "output_tokens", "cost_pico_usd",
+                      "priced_conversations"):
             i = index(hour)
             if 0 <= i < n:
                 conversations[i] += started
                 tokens[i] += tokens_in + tokens_out
                 cost[i] += pico
-        series.update(conversations=conversations, tokens=tokens, cost_usd=[pico / 10**12 for pico in cost])
+                priced[i] += priced_conversations
+        series.update(conversations=conversations, tokens=tokens, cost_usd=_usd(cost, priced))
     return series
+
+
+def _usd(pico: list[int], priced: list[int]) -> list[Optional[float]]:
+    """USD per bucket for drawing; null (a gap, not $0) where nothing had a price."""
+    return [amount / 10**12 if count else None for amount, count in zip(pico, priced)]
 
 
 def _label(start: datetime, step: timedelta) -> str:

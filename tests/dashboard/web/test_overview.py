@@ -107,3 +107,14 @@ def test_it_shows_an_empty_project(client_in, project):
     body = client_in.get(reverse("web:overview", args=[project.slug])).content.decode()
     assert "No conversations in this range." in body and "No failures." in body
     assert value(body, "total-cost") == "no price"
+
+
+def test_it_never_shows_an_unpriced_tool_cost_as_zero(client_in, project):
+    from dashboard.tuning.models import PriceRule
+
+    PriceRule.objects.all().delete()
+    store(project, [tool_record("c")])
+    body = client_in.get(reverse("web:overview", args=[project.slug])).content.decode()
+    assert value(body, "tool-cost") == "no price" and value(body, "total-cost") == "no price"
+    data = series_of(body)
+    assert data["tool_cost_usd"][data["starts"].index(HOUR.isoformat())] is None
