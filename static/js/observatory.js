@@ -99,36 +99,6 @@
     };
   }
 
-  // Overview: calls and errors per day (bars), tokens per day (line, right axis).
-  function trend(data) {
-    var options = baseOptions("calls");
-    options.scales.tokens = {
-      position: "right",
-      beginAtZero: true,
-      grid: { drawOnChartArea: false },
-      title: { display: true, text: "observation tokens" },
-    };
-    return {
-      type: "bar",
-      data: {
-        labels: data.labels,
-        datasets: [
-          { label: "tool calls", data: data.calls, backgroundColor: COLORS.bar },
-          { label: "errors", data: data.errors, backgroundColor: COLORS.error },
-          {
-            label: "observation tokens",
-            data: data.tokens,
-            type: "line",
-            yAxisID: "tokens",
-            borderColor: COLORS.ok,
-            backgroundColor: COLORS.ok,
-          },
-        ],
-      },
-      options: options,
-    };
-  }
-
   // A click on a bucket of a time series follows the link the server made for it
   // (the conversations started in it, or a tool's failures in it).
   function drillDown(data) {
@@ -139,58 +109,41 @@
     };
   }
 
-  // Overview and tool pages: calls and errors per bucket (bars), p95 latency (line, right axis).
+  // Bars on the left axis and lines on a right one; a click on a bucket drills into it.
+  function barsAndLines(data, leftTitle, rightTitle, datasets) {
+    var options = baseOptions(leftTitle);
+    options.scales.right = {
+      position: "right",
+      beginAtZero: true,
+      grid: { drawOnChartArea: false },
+      title: { display: true, text: rightTitle },
+    };
+    options.onClick = drillDown(data);
+    datasets.forEach(function (set) {
+      if (set.type === "line") set.yAxisID = "right";
+    });
+    return { type: "bar", data: { labels: data.labels, datasets: datasets }, options: options };
+  }
+
+  // Overview and tool pages: calls and errors per bucket, p95 latency.
   function activity(data) {
-    var options = baseOptions("calls");
-    options.scales.ms = {
-      position: "right",
-      beginAtZero: true,
-      grid: { drawOnChartArea: false },
-      title: { display: true, text: "p95 latency (ms, bucket bound)" },
-    };
-    options.onClick = drillDown(data);
-    return {
-      type: "bar",
-      data: {
-        labels: data.labels,
-        datasets: [
-          { label: "tool calls", data: data.calls, backgroundColor: COLORS.bar },
-          { label: "errors", data: data.errors, backgroundColor: COLORS.error },
-          { label: "p95 latency", data: data.p95_ms, type: "line", yAxisID: "ms",
-            borderColor: COLORS.threshold, backgroundColor: COLORS.threshold, spanGaps: true },
-        ],
-      },
-      options: options,
-    };
+    return barsAndLines(data, "calls", "p95 latency (ms, bucket bound)", [
+      { label: "tool calls", data: data.calls, backgroundColor: COLORS.bar },
+      { label: "errors", data: data.errors, backgroundColor: COLORS.error },
+      { label: "p95 latency", data: data.p95_ms, type: "line", spanGaps: true,
+        borderColor: COLORS.threshold, backgroundColor: COLORS.threshold },
+    ]);
   }
 
-  // Overview: conversations started and their tokens (bars), cost (line, right axis).
+  // Overview: tokens of the conversations started per bucket, their cost.
   function usage(data) {
-    var options = baseOptions("tokens");
-    options.scales.usd = {
-      position: "right",
-      beginAtZero: true,
-      grid: { drawOnChartArea: false },
-      title: { display: true, text: "cost (USD)" },
-    };
-    options.onClick = drillDown(data);
-    return {
-      type: "bar",
-      data: {
-        labels: data.labels,
-        datasets: [
-          { label: "tokens (in + out)", data: data.tokens, backgroundColor: COLORS.bar },
-          { label: "cost (USD)", data: data.cost_usd, type: "line", yAxisID: "usd",
-            borderColor: COLORS.ok, backgroundColor: COLORS.ok },
-          { label: "conversations", data: data.conversations, type: "line", yAxisID: "usd", hidden: true,
-            borderColor: COLORS.window, backgroundColor: COLORS.window },
-        ],
-      },
-      options: options,
-    };
+    return barsAndLines(data, "tokens", "cost (USD)", [
+      { label: "tokens (in + out)", data: data.tokens, backgroundColor: COLORS.bar },
+      { label: "cost (USD)", data: data.cost_usd, type: "line", borderColor: COLORS.ok, backgroundColor: COLORS.ok },
+    ]);
   }
 
-  var KINDS = { "token-budget": tokenBudget, histogram: histogram, trend: trend, activity: activity, usage: usage };
+  var KINDS = { "token-budget": tokenBudget, histogram: histogram, activity: activity, usage: usage };
 
   function drawCharts(root) {
     if (typeof window.Chart === "undefined") return;

@@ -3,11 +3,12 @@ in force on each day; unknown models are unpriced, never 0; a rule change re-pri
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 from tests.dashboard.web.pages_factories import HOUR, round_record, store, tool_record
+from tests.dashboard.web.pages_factories import price_rule as price
 
 from dashboard.observatory.costs import costs_reprice
 from dashboard.observatory.models import Conversation, Round, ToolExecution, ToolHourlyRollup, UsageHourlyRollup
@@ -15,11 +16,6 @@ from dashboard.tuning.models import PriceRule
 from dashboard.tuning.pricing import PriceTable
 
 pytestmark = pytest.mark.django_db
-
-
-def price(pattern, input_price, output_price, day=date(2020, 1, 1)):
-    return PriceRule.objects.create(pattern=pattern, input_usd_per_million=Decimal(input_price),
-                                    output_usd_per_million=Decimal(output_price), effective_from=day)
 
 
 @pytest.fixture

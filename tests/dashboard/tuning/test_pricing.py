@@ -8,6 +8,7 @@ from decimal import Decimal
 
 import pytest
 from django.core.exceptions import ValidationError
+from tests.dashboard.web.pages_factories import price_rule
 
 from dashboard.tuning.models import PriceRule
 from dashboard.tuning.patterns import best_match, match_rank
@@ -16,18 +17,13 @@ from dashboard.tuning.pricing import PriceTable, pico_per_token
 pytestmark = pytest.mark.django_db
 
 
-def rule(pattern, input_price, output_price, day=date(2024, 1, 1)):
-    return PriceRule.objects.create(pattern=pattern, input_usd_per_million=Decimal(input_price),
-                                    output_usd_per_million=Decimal(output_price), effective_from=day)
-
-
 @pytest.fixture
 def table_rows():
     PriceRule.objects.all().delete()  # the seeded list prices
-    rule("gpt-4o*", "2.50", "10.00")
-    rule("gpt-4o-mini*", "0.15", "0.60")
-    rule("gpt-4o*", "5.00", "20.00", date(2025, 6, 1))  # a price change
-    rule("claude-3-5-sonnet*", "3", "15")
+    price_rule("gpt-4o*", "2.50", "10.00", date(2024, 1, 1))
+    price_rule("gpt-4o-mini*", "0.15", "0.60")
+    price_rule("gpt-4o*", "5.00", "20.00", date(2025, 6, 1))  # a price change
+    price_rule("claude-3-5-sonnet*", "3", "15")
 
 
 def test_it_ranks_exact_over_the_most_specific_wildcard():

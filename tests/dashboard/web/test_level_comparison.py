@@ -70,7 +70,7 @@ def test_it_keeps_the_query_count_flat(client_in, execution, django_assert_max_n
 
 
 def test_it_prices_what_each_level_policy_would_have_saved(client_in, execution):
-    from tests.dashboard.observatory.test_costs import price
+    from tests.dashboard.web.pages_factories import price_rule as price
 
     from dashboard.tuning.models import PriceRule
     from dashboard.web.costs import usd_text
