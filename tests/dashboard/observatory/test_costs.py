@@ -114,3 +114,16 @@ def test_it_reprices_nothing_for_a_pattern_no_row_names(project, prices, django_
     store(project, [round_record("j", 0)])
     with django_capture_on_commit_callbacks(execute=True):
         assert costs_reprice(patterns=["deepseek*"]) == {"conversations": 0, "hours": 0}
+
+
+def test_it_purges_usage_rollups_with_the_records_they_came_from(project, prices):
+    from datetime import datetime, timezone
+
+    from dashboard.observatory.services import retention_purge
+
+    old = datetime(2020, 1, 1, 10, tzinfo=timezone.utc)
+    store(project, [round_record("old", 0, at=old), round_record("new", 0)])
+    assert UsageHourlyRollup.objects.filter(project=project, hour=old).exists()
+    retention_purge(project=project)
+    assert not UsageHourlyRollup.objects.filter(project=project, hour=old).exists()
+    assert UsageHourlyRollup.objects.filter(project=project, hour=HOUR).exists()
