@@ -16,7 +16,7 @@ from dashboard.accounts.models import Project
 
 from ..access import project_page
 from ..forms import ConversationFilterForm
-from ..models import SAVED_VIEW_PAGES
+from ..models import SAVED_VIEW_PAGES, SavedView
 from ..selectors.saved_views import saved_view_for, visible_views
 from ..services import SavedViewError, saved_view_create, saved_view_delete, saved_view_query
 
@@ -38,6 +38,8 @@ class SavedViewForm(forms.Form):
             if not QUERY_FORMS[page](query).is_valid():
                 raise forms.ValidationError("These filters are not valid; fix them on the list first.")
             data["query"] = saved_view_query(query)
+            if len(data["query"]) > SavedView._meta.get_field("query").max_length:  # re-encoding can lengthen it
+                raise forms.ValidationError("These filters are too long to save.")
         return data
 
 

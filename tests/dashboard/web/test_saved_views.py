@@ -99,6 +99,7 @@ def test_it_escapes_names(client_in, project):
     ({"name": "bad", "page": "conversations", "query": "sort=drop+table"}, "not valid"),
     ({"name": "bad", "page": "elsewhere", "query": ""}, "valid choice"),
     ({"name": "bad", "page": "conversations", "query": "q=" + "x" * 3000}, "at most 2000"),
+    ({"name": "bad", "page": "conversations", "query": "q=" + "华" * 190 + "&user=" + "东" * 190}, "too long"),
 ])
 def test_it_refuses_bad_input_with_400(client_in, project, data, problem):
     response = client_in.post(views_url(project), data)
