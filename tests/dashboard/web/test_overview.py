@@ -118,3 +118,12 @@ def test_it_never_shows_an_unpriced_tool_cost_as_zero(client_in, project):
     assert value(body, "tool-cost") == "no price" and value(body, "total-cost") == "no price"
     data = series_of(body)
     assert data["tool_cost_usd"][data["starts"].index(HOUR.isoformat())] is None
+
+
+def test_it_escapes_a_hostile_model_name_in_the_cost_table(client_in, project):
+    from tests.dashboard.web.pages_factories import round_record
+
+    evil = '"><script>alert(1)</script>'
+    store(project, [round_record("c", 0, model=evil)])
+    body = client_in.get(reverse("web:overview", args=[project.slug])).content.decode()
+    assert "<script>alert(1)</script>" not in body and "&lt;script&gt;" in body
