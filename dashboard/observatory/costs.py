@@ -63,8 +63,8 @@ def conversations_priced(conversations: list[Conversation], table: Optional[Pric
     table = table or PriceTable.load()
     pricing = ConversationPricing()
     by_id = {c.pk: c for c in conversations}
-    for pk, project_id, started_at in Conversation.objects.filter(pk__in=list(by_id)).values_list(
-        "pk", "project_id", "started_at"
+    for project_id, started_at in Conversation.objects.filter(pk__in=list(by_id)).values_list(
+        "project_id", "started_at"
     ):
         pricing.hours[project_id].add(_hour(started_at))
     totals: dict[int, list[int]] = {pk: [0, 0, 0] for pk in by_id}  # cost, priced rounds, unpriced rounds

@@ -19,15 +19,14 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 from playwright.sync_api import expect  # noqa: E402
 
-from tests.browser.test_pages_browser import (  # noqa: E402,F401  (fixtures)
-    ConsoleWatch,
-    browser,
-    insecure_cookies,
-    log_in,
-)
+from tests.browser import test_pages_browser as pages_browser  # noqa: E402
+from tests.browser.test_pages_browser import ConsoleWatch, log_in  # noqa: E402
 from tests.dashboard.web.pages_factories import HOUR, PASSWORD, full_conversation  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+# The pages' browser fixtures, shared: one Chromium per module, plain-HTTP cookies.
+browser = pages_browser.browser
+insecure_cookies = pages_browser.insecure_cookies
 CURRENT = re.compile(r"\bkbd-current\b")
 
 

@@ -87,7 +87,7 @@ def test_it_shows_cost_by_model_equal_to_the_conversations(client_in, filled):
     conversations = Conversation.objects.filter(project=filled)
     priced = [c.cost_pico_usd for c in conversations if c.cost_pico_usd is not None]
     assert value(body, "total-cost") == usd_text(sum(priced))
-    assert f'data-model="gpt-4o"' in body
+    assert 'data-model="gpt-4o"' in body
 
 
 def test_it_lists_recent_failures_linked_to_their_conversations(client_in, filled):
