@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.bench_pages                      # quick: 5k conversations
     .venv/bin/python -m benchmarks.bench_pages --conversations 100000 --tool-executions 1000000
     .venv/bin/python -m benchmarks.bench_pages --db-url postgres://user@127.0.0.1:5432/bench
+    .venv/bin/python -m benchmarks.bench_pages --csv-rows 1000000      # + a 1M-row CSV stream's memory
 
 Seeds a fresh database (SQLite in a temp data dir unless --db-url) with bulk inserts:
 conversations with rounds, tool executions spread over the last week across tools,
@@ -12,6 +13,15 @@ totals are filled in by the seeder from what it inserted (--real-totals runs the
 derivation instead: exact, but minutes on 100k conversations). Each page is then
 requested --requests times through Django's test Client, logged in, and the table
 prints each page's p50 / p95 server time. Target: p95 < 100 ms.
+
+Costs: rounds and conversations are priced by the seeder with the real price
+table (gpt-4o and claude-3-sonnet have seeded prices, deepseek-chat none), the
+hourly usage rollups by the real derivation. Two conversations of --compare-rounds
+rounds (two tool calls each, a compression every 50) serve the compare page.
+With --csv-rows N, one more conversation gets N tool executions and its tool-call
+CSV is streamed through the test client while the process's resident memory is
+sampled: the figure is the growth over the stream (bounded memory: one fetch of
+rows at a time, never the file).
 """
 
 from __future__ import annotations
@@ -54,12 +64,14 @@ def setup_django(db_url: str, data_dir: str) -> None:
     call_command("migrate", verbosity=0)
 
 
-def seed(conversations: int, tool_executions: int, rounds_per_conversation: int, real_totals: bool) -> dict:
+def seed(conversations: int, tool_executions: int, rounds_per_conversation: int, real_totals: bool,
+         compare_rounds: int = 200) -> dict:
     from django.contrib.auth import get_user_model
     from django.db import transaction
 
     from dashboard.accounts.services import project_create
-    from dashboard.observatory import derivations
+    from dashboard.observatory import costs, derivations
+    from dashboard.tuning.pricing import PriceTable
     from dashboard.observatory.models import (
         CompressionEvent,
         Conversation,
@@ -89,11 +101,18 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
         stats[1] += failed(n)
         stats[2] += retries(n)
 
+    table = PriceTable.load()
+
+    def round_cost(model: str, at: datetime):
+        price = table.price_for(model, at)
+        return None if price is None else price.cost(900, 100)
+
     started = time.perf_counter()
     conversation_rows = []
     for i in range(conversations):
         at = now - timedelta(seconds=rng.random() * week)
         calls, errors, retried = per_conversation[i]
+        cost = round_cost(MODELS[i % len(MODELS)], at)
         last = at + timedelta(seconds=max(rounds_per_conversation - 1, (calls - 1) if calls else 0) * 30 + 1)
         conversation_rows.append(Conversation(
             project=project, external_id=f"conv-{i:07d}", title=f"Question {i} about sales in region {i % 17}",
@@ -101,16 +120,17 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
             rounds=rounds_per_conversation, tool_calls=calls, errors=errors, retries=retried,
             has_errors=errors > 0, status="ok", input_tokens=900 * rounds_per_conversation,
             output_tokens=100 * rounds_per_conversation, max_context_tokens=1000 * rounds_per_conversation,
-            totals_updated_at=now,
+            totals_updated_at=now, cost_pico_usd=None if cost is None else cost * rounds_per_conversation,
+            unpriced_rounds=rounds_per_conversation if cost is None else 0,
         ))
     with transaction.atomic():
         Conversation.objects.bulk_create(conversation_rows, batch_size=BATCH)
-    conv = list(Conversation.objects.filter(project=project).order_by("id").values_list("id", "started_at"))
+    conv = list(Conversation.objects.filter(project=project).order_by("id").values_list("id", "started_at", "model"))
     print(f"  conversations: {len(conv):,} in {time.perf_counter() - started:.1f} s", flush=True)
 
     started = time.perf_counter()
     rounds = []
-    for conversation_id, at in conv:
+    for conversation_id, at, model in conv:
         for index in range(rounds_per_conversation):
             rounds.append(Round(
                 record_id=uuid.uuid4(), project=project, conversation_id=conversation_id,
@@ -119,6 +139,7 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
                 thoughts=["Query the sales table."], final_answer="Sales were 12.", context_tokens=1000 * (index + 1),
                 derived_context_tokens=1000 * (index + 1),
                 context_window=128_000, compression_threshold=0.8, input_tokens=900, output_tokens=100,
+                cost_pico_usd=round_cost(model, at),
             ))
             if len(rounds) >= BATCH:
                 with transaction.atomic():
@@ -130,7 +151,7 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
     started = time.perf_counter()
     rows = []
     for n in range(tool_executions):
-        conversation_id, at = conv[n % len(conv)]
+        conversation_id, at, _ = conv[n % len(conv)]
         success = not failed(n)
         level = rng.choice(["brief", "standard", "standard", "full"])
         tokens = {"brief": rng.randrange(5, 30), "standard": rng.randrange(40, 200), "full": rng.randrange(300, 3000)}
@@ -180,10 +201,13 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
     started = time.perf_counter()
     hours = {now - timedelta(hours=h) for h in range(0, 24 * 8 + 2)}
     derivations.tool_rollups_refresh(project_id=project.pk, hours=hours)
-    print(f"  hourly rollups (real derivation): {time.perf_counter() - started:.1f} s", flush=True)
+    print(f"  hourly tool rollups (real derivation): {time.perf_counter() - started:.1f} s", flush=True)
+    started = time.perf_counter()
+    costs.usage_hours_refresh(project_id=project.pk, hours=hours)
+    print(f"  hourly usage rollups (real derivation): {time.perf_counter() - started:.1f} s", flush=True)
     if real_totals:
         started = time.perf_counter()
-        ids = [c for c, _ in conv]
+        ids = [c for c, _, _ in conv]
         for i in range(0, len(ids), 2000):
             derivations.conversation_totals_refresh(conversation_ids=ids[i: i + 2000])
         print(f"  conversation totals (real derivation): {time.perf_counter() - started:.1f} s", flush=True)
@@ -191,8 +215,105 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
         print("  conversation totals: filled in by the seeder (use --real-totals to run the derivation)")
 
     execution = ToolExecution.objects.filter(project=project, conversation_id=target).first()
+    compared = [long_conversation(project, f"compare-{side}", compare_rounds, now, seed=side) for side in (1, 2)]
+    from dashboard.web.models import SavedView
+
+    for i in range(20):
+        SavedView.objects.create(project=project, owner=user, name=f"view {i}", query=f"user=user-{i}", shared=i % 2 == 0)
     return {"user": user, "project": project, "conversation": target, "execution": execution.pk,
-            "compression": compression.pk, "trace": trace_id}
+            "compression": compression.pk, "trace": trace_id, "compare": compared}
+
+
+def long_conversation(project, external_id: str, rounds: int, now: datetime, *, seed: int) -> int:
+    """A conversation of ``rounds`` rounds, two tool calls each (levels and
+    outcomes vary with ``seed``) and a compression every 50 rounds, with its
+    totals and costs from the real derivation."""
+    from django.db import transaction
+
+    from dashboard.observatory import derivations
+    from dashboard.observatory.models import CompressionEvent, Conversation, Round, ToolExecution
+
+    rng = random.Random(seed)
+    start = now - timedelta(hours=2)
+    conversation = Conversation.objects.create(project=project, external_id=external_id, started_at=start,
+                                               last_activity_at=start, model="gpt-4o")
+    common = {"project": project, "conversation": conversation}
+    with transaction.atomic():
+        Round.objects.bulk_create([
+            Round(record_id=uuid.uuid4(), occurred_at=start + timedelta(seconds=20 * i), round_id=f"{external_id}-r{i}",
+                  index=i, model="gpt-4o", user_message=f"Question {i}: sales in region {i % 7}?",
+                  thoughts=["Query the sales table."], final_answer=f"Sales were {rng.randrange(100)}.",
+                  context_tokens=1000 + 150 * i, context_window=128_000, compression_threshold=0.8,
+                  input_tokens=900 + 150 * i, output_tokens=100, **common)
+            for i in range(rounds)
+        ])
+        ToolExecution.objects.bulk_create([
+            ToolExecution(record_id=uuid.uuid4(), occurred_at=start + timedelta(seconds=20 * i + k + 1),
+                          round_id=f"{external_id}-r{i}", tool_name=TOOLS[(i + k) % len(TOOLS)],
+                          parameters={"region": f"r{(i + seed) % 5}", "limit": 10 * k}, model="gpt-4o",
+                          tool_call_id=f"{external_id}_{i}_{k}", observation="rows", success=rng.random() > 0.1,
+                          output_level=rng.choice(["brief", "standard", "full"]), duration_ms=rng.lognormvariate(4, 1),
+                          observation_tokens=rng.randrange(10, 900), retry_count=rng.choice([0, 0, 1]), **common)
+            for i in range(rounds) for k in range(2)
+        ])
+        CompressionEvent.objects.bulk_create([
+            CompressionEvent(record_id=uuid.uuid4(), occurred_at=start + timedelta(seconds=20 * i + 5),
+                             round_id=f"{external_id}-r{i}", mode="extract", tokens_before=9000, tokens_after=4000,
+                             target_tokens=4500, result={"mode": "extract", "config": {"strategy": "extract"}},
+                             **common)
+            for i in range(49, rounds, 50)
+        ])
+    derivations.conversation_totals_refresh(conversation_ids=[conversation.pk])
+    return conversation.pk
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def csv_stream_memory(seeded: dict, rows: int) -> dict:
+    """Seed one conversation with ``rows`` tool executions, stream its tool-call
+    CSV through the client and sample the resident memory every 10,000 lines."""
+    from django.db import transaction
+    from django.test import Client
+
+    from dashboard.observatory.models import Conversation, ToolExecution
+
+    project = seeded["project"]
+    now = datetime.now(timezone.utc)
+    conversation = Conversation.objects.create(project=project, external_id="csv-export", model="gpt-4o",
+                                               started_at=now, last_activity_at=now)
+    started = time.perf_counter()
+    for offset in range(0, rows, BATCH):
+        with transaction.atomic():
+            ToolExecution.objects.bulk_create([
+                ToolExecution(record_id=uuid.uuid4(), project=project, conversation=conversation,
+                              occurred_at=now + timedelta(milliseconds=n), round_id=f"r{n // 4}",
+                              tool_name=TOOLS[n % len(TOOLS)], parameters={"region": "north", "n": n}, model="gpt-4o",
+                              tool_call_id=f"csv_{n:09d}", observation="rows", output_level="standard",
+                              success=n % 13 != 0, error_message="" if n % 13 else "=cmd|' /C calc'!A0",
+                              duration_ms=12.5, observation_tokens=40)
+                for n in range(offset, min(rows, offset + BATCH))
+            ])
+    print(f"  CSV conversation: {rows:,} tool executions in {time.perf_counter() - started:.1f} s", flush=True)
+    client = Client()
+    client.force_login(seeded["user"])
+    import gc
+
+    gc.collect()
+    before = peak = rss_bytes()
+    started = time.perf_counter()
+    response = client.get(f"/p/{project.slug}/conversations/{conversation.pk}/tool-calls.csv")
+    lines = size = 0
+    for chunk in response.streaming_content:
+        lines += 1
+        size += len(chunk)
+        if lines % 10_000 == 0:
+            peak = max(peak, rss_bytes())
+    seconds = time.perf_counter() - started
+    peak = max(peak, rss_bytes())
+    return {"rows": lines - 1, "bytes": size, "seconds": seconds, "rss_before": before, "rss_growth": peak - before}
 
 
 def artifacts(project, count: int = 20) -> None:
@@ -217,6 +338,8 @@ def measure(seeded: dict, requests: int) -> list[tuple[str, float, float, int]]:
     import re
 
     after = re.search(r'href="\?([^"]*)" rel="next"', first)
+    hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) - timedelta(hours=5)
+    bucket, bucket_end = hour.strftime("%Y-%m-%dT%H:%M"), (hour + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
     pages = [
         ("overview", f"/p/{slug}/"),
         ("overview 30d", f"/p/{slug}/?range=30d"),
@@ -238,6 +361,18 @@ def measure(seeded: dict, requests: int) -> list[tuple[str, float, float, int]]:
         ("compression diff", f"/p/{slug}/compressions/{seeded['compression']}/"),
         ("artifacts", f"/p/{slug}/artifacts/"),
         ("trace", f"/p/{slug}/traces/{seeded['trace']}/"),
+        ("compare 200 rounds each, page 1", f"/p/{slug}/compare/?a={seeded['compare'][0]}&b={seeded['compare'][1]}"),
+        ("compare 200 rounds each, page 4",
+         f"/p/{slug}/compare/?a={seeded['compare'][0]}&b={seeded['compare'][1]}&page=4"),
+        ("overview 24h (hourly series)", f"/p/{slug}/?range=24h"),
+        ("overview 90d (daily series)", f"/p/{slug}/?range=90d"),
+        ("tool detail 30d (daily series)", f"/p/{slug}/tools/query_sales/?range=30d"),
+        ("tool failures in one hour", f"/p/{slug}/tools/query_sales/?range=7d&since={bucket}&until={bucket_end}"),
+        ("conversations of one hour", f"/p/{slug}/conversations/?since={bucket}&until={bucket_end}"),
+        ("conversations one user (+cost)", f"/p/{slug}/conversations/?user=user-7"),
+        ("saved views", f"/p/{slug}/views/"),
+        ("tools CSV 7d", f"/p/{slug}/tools/export.csv?range=7d"),
+        ("tool calls CSV (400 rows)", f"/p/{slug}/conversations/{seeded['compare'][0]}/tool-calls.csv"),
     ]
     results = []
     for name, url in pages:
@@ -246,6 +381,8 @@ def measure(seeded: dict, requests: int) -> list[tuple[str, float, float, int]]:
         for _ in range(requests):
             started = time.perf_counter()
             response = client.get(url)
+            if response.streaming:
+                b"".join(response.streaming_content)  # a stream's time is the whole body's
             timings.append((time.perf_counter() - started) * 1000)
             status = response.status_code
         timings.sort()
@@ -263,6 +400,9 @@ def main() -> None:
     parser.add_argument("--real-totals", action="store_true",
                         help="recompute conversation totals with the real derivation (slow on 100k)")
     parser.add_argument("--db-url", default="", help="postgres://... (default: SQLite in a temp data dir)")
+    parser.add_argument("--compare-rounds", type=int, default=200, help="rounds of each compared conversation")
+    parser.add_argument("--csv-rows", type=int, default=0,
+                        help="stream a CSV of this many tool calls and report the memory it took (0: skip)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-pages-") as data_dir:
@@ -272,7 +412,7 @@ def main() -> None:
         print(f"Seeding {connection.vendor}: {args.conversations:,} conversations, "
               f"{args.tool_executions:,} tool executions", flush=True)
         started = time.perf_counter()
-        seeded = seed(args.conversations, args.tool_executions, args.rounds, args.real_totals)
+        seeded = seed(args.conversations, args.tool_executions, args.rounds, args.real_totals, args.compare_rounds)
         artifacts(seeded["project"])
         print(f"Seeded in {time.perf_counter() - started:.1f} s; {args.requests} requests per page\n", flush=True)
         results = measure(seeded, args.requests)
@@ -281,6 +421,12 @@ def main() -> None:
         for name, p50, p95, status in results:
             flag = "" if p95 < 100 else "  (over 100 ms)"
             print(f"{name:<{width}}  {p50:8.1f}  {p95:8.1f}  {status}{flag}")
+        if args.csv_rows:
+            print(f"\nCSV stream of {args.csv_rows:,} tool calls:", flush=True)
+            memory = csv_stream_memory(seeded, args.csv_rows)
+            print(f"  {memory['rows']:,} rows, {memory['bytes'] / 2**20:.0f} MiB in {memory['seconds']:.1f} s "
+                  f"({memory['rows'] / memory['seconds']:,.0f} rows/s); resident memory "
+                  f"{memory['rss_before'] / 2**20:.0f} MiB before, grew by {memory['rss_growth'] / 2**20:.1f} MiB")
         if args.db_url:
             print("\n(the PostgreSQL tables were left in place; drop the database to clean up)")
 

@@ -17,6 +17,7 @@ from django.db.models import Model
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, Sum
 from django.utils import timezone
 
+from . import costs
 from .histogram import LATENCY_BUCKET_BOUNDS_MS, bucket_index, empty_histogram
 from .models import (
     Artifact,
@@ -132,15 +133,17 @@ def conversation_totals_refresh(*, conversation_ids: Iterable[int]) -> int:
             conversation.last_activity_at = max(lasts)
         conversation.totals_updated_at = now
 
+    pricing = costs.conversations_priced(conversations)  # [costs] before the write: reads the old start hours
     round_updates = _round_context(ids)
     with transaction.atomic():
         update_rows(
             Conversation, conversations,
             ["rounds", "messages", "tool_calls", "errors", "retries", "input_tokens", "output_tokens",
              "max_context_tokens", "compressions", "has_errors", "title", "model", "user_id", "status",
-             "started_at", "last_activity_at", "totals_updated_at"],
+             "started_at", "last_activity_at", "totals_updated_at"] + costs.CONVERSATION_FIELDS,
         )
         update_rows(Round, round_updates, ["derived_context_tokens", "tool_call_count", "error_count"])
+        pricing.save()  # [costs] round costs and the hourly usage rollups
     return len(conversations)
 
 
@@ -216,6 +219,7 @@ def _empty_rollup() -> dict[str, Any]:
     return {
         "calls": 0, "successes": 0, "errors": 0, "retries": 0, "timeouts": 0, "cache_hits": 0,
         "duration_sum_ms": 0.0, "latency_histogram": empty_histogram(), "error_types": Counter(),
+        "cost_pico_usd": 0, "priced_calls": 0,  # [costs]
         **{f"{level}_{kind}": 0 for level in _LEVELS for kind in ("tokens", "count")},
     }
 
@@ -247,6 +251,7 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
             entry["latency_histogram"] = [row[f"b{i}"] for i in range(len(LATENCY_BUCKET_BOUNDS_MS) + 1)]
         for row in executions.filter(success=False).values("tool_name", "error_type").order_by().annotate(n=Count("id")):
             stats[row["tool_name"]]["error_types"][row["error_type"] or "unknown"] += row["n"]
+        costs.tool_hour_costs(stats, executions, start)  # [costs] observation tokens at the input price
 
         described = ToolExecution.objects.filter(project_id=project_id, tool_call_id=OuterRef("tool_call_id"))
         span_only = (

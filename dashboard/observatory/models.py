@@ -56,6 +56,11 @@ class Conversation(models.Model):
     compressions = models.PositiveIntegerField(default=0)
     has_errors = models.BooleanField(default=False)
     totals_updated_at = models.DateTimeField(null=True, blank=True)
+    # Cost (observatory.costs): the sum of the priced rounds' costs in pico-USD
+    # (1e-12 USD: exact integers for any price with six decimals), null when no
+    # round has a price; unpriced_rounds counts the rounds whose model has none.
+    cost_pico_usd = models.BigIntegerField(null=True, blank=True)
+    unpriced_rounds = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -130,6 +135,9 @@ class Round(_RecordRow):
     derived_context_tokens = models.BigIntegerField(default=0)
     tool_call_count = models.PositiveIntegerField(default=0)
     error_count = models.PositiveIntegerField(default=0)
+    # input and output tokens at the price in force that day (observatory.costs);
+    # null when the model has no price.
+    cost_pico_usd = models.BigIntegerField(null=True, blank=True)
 
     class Meta(_RecordRow.Meta):
         indexes = [
@@ -442,6 +450,10 @@ class ToolHourlyRollup(models.Model):
     full_tokens = models.BigIntegerField(default=0)
     full_count = models.PositiveIntegerField(default=0)
     error_types = models.JSONField(default=dict)  # {"timeout": 3, ...}
+    # Observation tokens at the input price of the call's model (observatory.costs);
+    # priced_calls says how many calls had a price (span-only calls never do).
+    cost_pico_usd = models.BigIntegerField(default=0)
+    priced_calls = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -451,4 +463,28 @@ class ToolHourlyRollup(models.Model):
         indexes = [
             # tools table over a time range; tool detail charts
             models.Index(fields=["project", "hour"], name="rollup_project_hour"),
+        ]
+
+
+class UsageHourlyRollup(models.Model):
+    """The conversations started in one hour, per model: how many, their tokens
+    and cost, recomputed whole from the conversation rows (observatory.costs) when
+    their totals are. The overview's series and cost read these, a few rows per
+    hour, instead of every conversation of the range; a bucket's figures are those
+    of the conversation list filtered to its hour."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="usage_rollups")
+    hour = models.DateTimeField()  # start of the hour, UTC
+    model = models.CharField(max_length=ID_LENGTH, blank=True)
+    conversations = models.PositiveIntegerField(default=0)
+    conversations_with_errors = models.PositiveIntegerField(default=0)
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cost_pico_usd = models.BigIntegerField(default=0)
+    priced_conversations = models.PositiveIntegerField(default=0)
+    unpriced_rounds = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "hour", "model"], name="usage_rollup_unique"),
         ]

@@ -208,6 +208,7 @@ def conversation_timeline(conversation: Conversation, *, page: int = 1) -> Timel
 ROLLUP_SUM_FIELDS = (
     "calls", "successes", "errors", "retries", "timeouts", "cache_hits", "duration_sum_ms",
     "brief_tokens", "brief_count", "standard_tokens", "standard_count", "full_tokens", "full_count",
+    "cost_pico_usd", "priced_calls",
 )
 RECENT_FAILURES = 20
 
@@ -232,6 +233,8 @@ class ToolStats:
     standard_count: int = 0
     full_tokens: int = 0
     full_count: int = 0
+    cost_pico_usd: int = 0  # observation tokens at the input price (observatory.costs)
+    priced_calls: int = 0
     latency_histogram: list[int] = field(default_factory=histogram.empty_histogram)
     error_types: Counter = field(default_factory=Counter)
 
@@ -317,6 +320,15 @@ class ToolStats:
         return ">" if self.is_floor(0.99) else "≤"
 
     @property
+    def cost(self) -> Optional[int]:
+        """pico-USD of the priced calls; None when no call had a price."""
+        return self.cost_pico_usd if self.priced_calls else None
+
+    @property
+    def unpriced_calls(self) -> int:
+        return self.calls - self.priced_calls
+
+    @property
     def top_error_types(self) -> list[tuple[str, int]]:
         return self.error_types.most_common(3)
 
@@ -363,12 +375,19 @@ def level_token_sums() -> dict[str, Sum]:
     return {level: Sum(f"{level}_tokens") for level in LEVELS}
 
 
-def recent_failures(project: Project, *, tool_name: str = "", limit: int = RECENT_FAILURES) -> list[ToolExecution]:
+def recent_failures(
+    project: Project, *, tool_name: str = "", limit: int = RECENT_FAILURES,
+    since: Optional[datetime] = None, until: Optional[datetime] = None,
+) -> list[ToolExecution]:
     """The newest failed tool executions, with their conversation (the partial
-    failures index)."""
+    failures index), optionally within [since, until)."""
     qs = ToolExecution.objects.filter(project=project, success=False)
     if tool_name:
         qs = qs.filter(tool_name=tool_name)
+    if since is not None:
+        qs = qs.filter(occurred_at__gte=since)
+    if until is not None:
+        qs = qs.filter(occurred_at__lt=until)
     return list(
         qs.select_related("conversation")
         .only(

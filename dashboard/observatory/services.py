@@ -45,6 +45,7 @@ from .models import (
     Span,
     ToolExecution,
     ToolHourlyRollup,
+    UsageHourlyRollup,
     artifact_file_name,
     artifact_storage,
 )
@@ -574,6 +575,7 @@ def retention_purge(*, project: Project, now: datetime | None = None) -> PurgeOu
         deleted, _ = model.objects.filter(project=project, occurred_at__lt=record_cutoff).delete()
         outcome.records += deleted
     ToolHourlyRollup.objects.filter(project=project, hour__lt=record_cutoff - timedelta(hours=1)).delete()
+    UsageHourlyRollup.objects.filter(project=project, hour__lt=record_cutoff - timedelta(hours=1)).delete()  # [costs]
     _, deleted_by_model = Conversation.objects.filter(
         project=project, last_activity_at__lt=record_cutoff
     ).delete()

@@ -26,7 +26,7 @@ from dashboard.observatory.models import Conversation
 from dashboard.web.selectors.compressions import compression_diff
 from pipeline import ContextCompressionConfig
 
-from .models import CompressionProfile, EncoderRule, RetentionPolicy, ToolOutputPolicy
+from .models import CompressionProfile, EncoderRule, PriceRule, RetentionPolicy, ToolOutputPolicy
 from .preview import compression_preview
 from .services import compression_profile_activate, config_revision_bump
 
@@ -212,3 +212,50 @@ class EncoderRuleAdmin(_ConfigAdmin):
 @admin.register(RetentionPolicy)
 class RetentionPolicyAdmin(ProjectScopedAdmin):
     list_display = ["project", "span_days", "record_days", "artifact_days"]
+
+
+@admin.register(PriceRule)
+class PriceRuleAdmin(admin.ModelAdmin):
+    """The global price table: staff read it, superusers change it. A saved or
+    deleted rule re-prices, after commit, what its old and new patterns match."""
+
+    list_display = ["pattern", "input_usd_per_million", "output_usd_per_million", "effective_from", "source"]
+    search_fields = ["pattern"]
+    ordering = ["pattern", "-effective_from"]
+    readonly_fields = ["updated_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_superuser
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def save_model(self, request: HttpRequest, obj: PriceRule, form: Any, change: bool) -> None:
+        before = PriceRule.objects.filter(pk=obj.pk).values_list("pattern", flat=True).first() if change else None
+        super().save_model(request, obj, form, change)
+        _reprice_after_commit([before, obj.pattern])
+
+    def delete_model(self, request: HttpRequest, obj: PriceRule) -> None:
+        pattern = obj.pattern
+        super().delete_model(request, obj)
+        _reprice_after_commit([pattern])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        patterns = list(queryset.values_list("pattern", flat=True))
+        super().delete_queryset(request, queryset)
+        _reprice_after_commit(patterns)
+
+
+def _reprice_after_commit(patterns: list[Optional[str]]) -> None:
+    from django.db import transaction
+
+    from dashboard.observatory.costs import costs_reprice
+
+    wanted = sorted({p for p in patterns if p})
+    transaction.on_commit(lambda: costs_reprice(patterns=wanted), robust=True)

@@ -7,7 +7,7 @@ can never hand an agent a config the library would refuse.
 
 from __future__ import annotations
 
-import fnmatch
+from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -17,6 +17,8 @@ from django.utils import timezone
 
 from dashboard.accounts.models import Project
 from pipeline import OutputLevel, ToolCachePolicy
+
+from .patterns import literal_part, match_rank, normalized
 
 
 def _payload_accepts(name: str, values: dict[str, Any], field: str) -> None:
@@ -121,8 +123,7 @@ class EncoderRule(models.Model):
     def families(self) -> list[str]:
         from pipeline import ModelFamily
 
-        pattern = self.pattern.strip().lower()
-        return [family.value for family in ModelFamily if fnmatch.fnmatchcase(family.value, pattern)]
+        return [family.value for family in ModelFamily if match_rank(self.pattern, family.value) is not None]
 
     def clean(self) -> None:
         from pipeline import EncoderConfig, PipelineError
@@ -172,3 +173,58 @@ class RetentionPolicy(models.Model):
         for field in ("span_days", "record_days", "artifact_days"):
             if getattr(self, field) < 1:
                 raise ValidationError({field: "keep data at least one day"})
+
+
+class PriceRule(models.Model):
+    """What a model's tokens cost, in USD per million, from a date on.
+
+    ``pattern`` is a model name or a wildcard over model names (``gpt-4o*``,
+    ``claude-3-5-sonnet*``), matched like the encoder rules (``patterns``): the
+    most specific matching pattern wins, and of its rules the one with the latest
+    ``effective_from`` on or before the day the tokens were used. So a price change
+    is a new row, and what was spent before it keeps the price then in force.
+
+    The table is global (list prices do not depend on the project); a model that
+    no rule matches has no price, and the pages say so rather than show 0.
+    """
+
+    pattern = models.CharField(
+        max_length=100, help_text="model name or wildcard, e.g. gpt-4o* or claude-3-5-sonnet*",
+    )
+    input_usd_per_million = models.DecimalField(max_digits=12, decimal_places=6)
+    output_usd_per_million = models.DecimalField(max_digits=12, decimal_places=6)
+    effective_from = models.DateField(help_text="the first day (UTC) this price applies to")
+    source = models.CharField(max_length=300, blank=True, help_text="where the price was read, and when")
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["pattern", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["pattern", "effective_from"], name="price_rule_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return (f"{self.pattern}: ${self.input_usd_per_million} in / ${self.output_usd_per_million} out "
+                f"per 1M from {self.effective_from}")
+
+    def clean(self) -> None:
+        from pipeline import ModelEncoderRegistry, ModelFamily
+
+        self.pattern = normalized(self.pattern or "")
+        literal = literal_part(self.pattern)
+        # The pipeline's family detection decides what a known model is: a rule
+        # for a name it cannot place ("*", "foo*") would price models nobody meant.
+        if not literal or ModelEncoderRegistry().detect_model_family(literal) == ModelFamily.CUSTOM:
+            raise ValidationError({"pattern": (
+                f"unknown model {self.pattern!r}: name a model of a family the pipeline knows "
+                "(claude, gpt/o-series, gemini, glm, qwen, llama, mistral, deepseek), e.g. gpt-4o*"
+            )})
+        for field in ("input_usd_per_million", "output_usd_per_million"):
+            value = getattr(self, field)
+            if value is not None and (value < 0 or value > Decimal("100000")):
+                raise ValidationError({field: "a price from 0 to 100,000 USD per million tokens"})
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.pattern = normalized(self.pattern)
+        self.updated_at = timezone.now()
+        super().save(*args, **kwargs)

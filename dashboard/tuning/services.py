@@ -13,10 +13,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
-from pipeline import ConfigPayload
+from pipeline import ConfigPayload, ModelFamily
 from pydantic import ValidationError
 
 from .models import CompressionProfile, ConfigRevision, EncoderRule, ToolOutputPolicy
+from .patterns import best_match
 
 logger = logging.getLogger(__name__)
 
@@ -24,23 +25,22 @@ logger = logging.getLogger(__name__)
 def effective_config(*, project: Project) -> ConfigPayload:
     """The config for ``GET /api/v1/config``: the active compression profile's
     overrides, each tool's output level and cache policy, one margin per model
-    family (an exact family rule wins over a wildcard; among wildcards the most
-    specific, i.e. longest, pattern wins). Four queries."""
+    family (``patterns.best_match``: an exact family rule wins over a wildcard;
+    among wildcards the most specific). Four queries."""
     profile = CompressionProfile.objects.filter(project=project, is_active=True).first()
     policies = list(ToolOutputPolicy.objects.filter(project=project).order_by("tool_name"))
-    margins: dict[str, tuple[int, float]] = {}
-    for rule in EncoderRule.objects.filter(project=project):
-        exact = rule.pattern.strip().lower()
-        for family in rule.families():
-            rank = 1_000 if family == exact else len(exact)
-            if family not in margins or rank > margins[family][0]:
-                margins[family] = (rank, rule.safety_margin)
+    rules = [(rule.pattern, rule) for rule in EncoderRule.objects.filter(project=project)]
+    margins: dict[str, float] = {}
+    for family in ModelFamily:
+        matching = best_match(rules, family.value)
+        if matching:
+            margins[family.value] = matching[0].safety_margin
     revision = ConfigRevision.objects.filter(project=project).values_list("revision", flat=True).first() or 0
     fields = {
         "compression": dict(profile.config) if profile and isinstance(profile.config, dict) else {},
         "tool_output_levels": {p.tool_name: p.output_level for p in policies},
         "tool_cache_policies": {p.tool_name: p.cache_policy for p in policies},
-        "encoder_margins": {family: margin for family, (_, margin) in sorted(margins.items())},
+        "encoder_margins": dict(sorted(margins.items())),
     }
     return ConfigPayload(revision=revision, **{name: _accepted(name, values) for name, values in fields.items()})
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime, time, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone
+from typing import Any, Optional
 
 from django import forms
 
@@ -18,8 +19,40 @@ RANGES = {"1h": 1, "24h": 24, "7d": 24 * 7, "30d": 24 * 30, "90d": 24 * 90}
 DEFAULT_RANGE = "7d"
 
 
+class DayOrTimeField(forms.Field):
+    """A UTC day (2025-01-31) or a UTC time to the minute (2025-01-31T13:00), as
+    a chart bucket's link gives it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(required=False, **kwargs)
+
+    def to_python(self, value: Any) -> Optional[date | datetime]:
+        text = str(value or "").strip()
+        if not text:
+            return None
+        if len(text) > 32:
+            raise forms.ValidationError("Enter a day (2025-01-31) or a UTC time (2025-01-31T13:00).")
+        try:
+            if len(text) == 10:
+                return date.fromisoformat(text)
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise forms.ValidationError("Enter a day (2025-01-31) or a UTC time (2025-01-31T13:00).") from None
+        if moment.tzinfo is not None:
+            moment = moment.astimezone(timezone.utc)
+        return moment.replace(tzinfo=timezone.utc)
+
+
+def start_of(value: Optional[date | datetime]) -> Optional[datetime]:
+    """A day as its first instant (UTC); a time as itself."""
+    if isinstance(value, datetime) or value is None:
+        return value
+    return datetime.combine(value, time.min, tzinfo=timezone.utc)
+
+
 class ConversationFilterForm(forms.Form):
-    q = forms.CharField(required=False, max_length=200, label="Search text")
+    q = forms.CharField(required=False, max_length=200, label="Search text",
+                        widget=forms.TextInput(attrs={"data-search": "", "placeholder": "press / to search"}))
     user = forms.CharField(required=False, max_length=200)
     model = forms.CharField(required=False, max_length=200)
     status = forms.ChoiceField(
@@ -27,29 +60,29 @@ class ConversationFilterForm(forms.Form):
     )
     has_errors = forms.BooleanField(required=False, label="Has errors")
     tool = forms.CharField(required=False, max_length=200)
-    since = forms.DateField(required=False, label="Started from")
-    until = forms.DateField(required=False, label="Started until")
+    since = DayOrTimeField(label="Started from")
+    until = DayOrTimeField(label="Started until")
     sort = forms.ChoiceField(required=False, choices=list(CONVERSATION_SORTS.items()))
     after = forms.CharField(required=False, max_length=64)
     before = forms.CharField(required=False, max_length=64)
 
     def clean(self) -> dict:
         data = super().clean()
-        since, until = data.get("since"), data.get("until")
-        if since and until and since > until:
+        if self.since_datetime() and self.until_datetime() and self.since_datetime() >= self.until_datetime():
             raise forms.ValidationError("'Started from' is after 'Started until'.")
         if data.get("after") and data.get("before"):
             raise forms.ValidationError("Use either 'after' or 'before', not both.")
         return data
 
     def since_datetime(self) -> datetime | None:
-        day = self.cleaned_data.get("since")
-        return datetime.combine(day, time.min, tzinfo=timezone.utc) if day else None
+        return start_of(self.cleaned_data.get("since"))
 
     def until_datetime(self) -> datetime | None:
-        """Exclusive end: the whole 'until' day is included."""
-        day = self.cleaned_data.get("until")
-        return datetime.combine(day + timedelta(days=1), time.min, tzinfo=timezone.utc) if day else None
+        """Exclusive end: a day means the whole day; a time is the end itself."""
+        value = self.cleaned_data.get("until")
+        if isinstance(value, date) and not isinstance(value, datetime):
+            return start_of(value + timedelta(days=1))
+        return value
 
 
 class RangeForm(forms.Form):

@@ -5,7 +5,20 @@ from django.urls import path
 
 from dashboard import converters  # noqa: F401  (registers artifact_id and trace_id)
 
-from .views import artifacts, compressions, conversations, home, keys, levels, overview, timeline, tools, traces
+from .views import (
+    artifacts,
+    compare,
+    compressions,
+    conversations,
+    home,
+    keys,
+    levels,
+    overview,
+    saved_views,
+    timeline,
+    tools,
+    traces,
+)
 
 app_name = "web"
 P = "p/<slug:project_slug>/"
@@ -15,12 +28,19 @@ urlpatterns = [
     path(P, overview.overview, name="overview"),
     path(P + "conversations/", conversations.conversation_list, name="conversations"),
     path(P + "conversations/rows/", conversations.conversation_rows, name="conversation_rows"),
+    path(P + "conversations/export.csv", conversations.conversation_export, name="conversations_export"),
+    path(P + "conversations/<int:pk>/tool-calls.csv", tools.tool_call_export, name="tool_calls_export"),
+    path(P + "compare/", compare.compare_conversations, name="compare"),
+    path(P + "views/", saved_views.saved_view_list, name="saved_views"),
+    path(P + "views/<int:pk>/", saved_views.saved_view_open, name="saved_view"),
+    path(P + "views/<int:pk>/delete/", saved_views.saved_view_remove, name="saved_view_delete"),
     path(P + "conversations/<int:pk>/", timeline.conversation_timeline, name="conversation"),
     path(P + "conversations/<int:pk>/export.json", timeline.conversation_export, name="conversation_export"),
     path(P + "tool-executions/<int:pk>/observation/", timeline.observation, name="observation"),
     path(P + "tool-executions/<int:pk>/levels/", levels.level_comparison, name="levels"),
     path(P + "rounds/<int:pk>/waterfall/", timeline.round_waterfall, name="round_waterfall"),
     path(P + "tools/", tools.tool_list, name="tools"),
+    path(P + "tools/export.csv", tools.tool_stats_export, name="tools_export"),
     path(P + "tools/<path:tool_name>/", tools.tool_detail, name="tool"),
     path(P + "compressions/<int:pk>/", compressions.compression_detail, name="compression"),
     path(P + "artifacts/", artifacts.artifact_list, name="artifacts"),

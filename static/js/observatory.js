@@ -99,37 +99,51 @@
     };
   }
 
-  // Overview: calls and errors per day (bars), tokens per day (line, right axis).
-  function trend(data) {
-    var options = baseOptions("calls");
-    options.scales.tokens = {
-      position: "right",
-      beginAtZero: true,
-      grid: { drawOnChartArea: false },
-      title: { display: true, text: "observation tokens" },
-    };
-    return {
-      type: "bar",
-      data: {
-        labels: data.labels,
-        datasets: [
-          { label: "tool calls", data: data.calls, backgroundColor: COLORS.bar },
-          { label: "errors", data: data.errors, backgroundColor: COLORS.error },
-          {
-            label: "observation tokens",
-            data: data.tokens,
-            type: "line",
-            yAxisID: "tokens",
-            borderColor: COLORS.ok,
-            backgroundColor: COLORS.ok,
-          },
-        ],
-      },
-      options: options,
+  // A click on a bucket of a time series follows the link the server made for it
+  // (the conversations started in it, or a tool's failures in it).
+  function drillDown(data) {
+    return function (event, elements, chart) {
+      var hit = chart.getElementsAtEventForMode(event, "index", { intersect: false }, false);
+      var i = hit.length ? hit[0].index : -1;
+      if (i >= 0 && data.links && data.links[i]) window.location.assign(data.links[i]);
     };
   }
 
-  var KINDS = { "token-budget": tokenBudget, histogram: histogram, trend: trend };
+  // Bars on the left axis and lines on a right one; a click on a bucket drills into it.
+  function barsAndLines(data, leftTitle, rightTitle, datasets) {
+    var options = baseOptions(leftTitle);
+    options.scales.right = {
+      position: "right",
+      beginAtZero: true,
+      grid: { drawOnChartArea: false },
+      title: { display: true, text: rightTitle },
+    };
+    options.onClick = drillDown(data);
+    datasets.forEach(function (set) {
+      if (set.type === "line") set.yAxisID = "right";
+    });
+    return { type: "bar", data: { labels: data.labels, datasets: datasets }, options: options };
+  }
+
+  // Overview and tool pages: calls and errors per bucket, p95 latency.
+  function activity(data) {
+    return barsAndLines(data, "calls", "p95 latency (ms, bucket bound)", [
+      { label: "tool calls", data: data.calls, backgroundColor: COLORS.bar },
+      { label: "errors", data: data.errors, backgroundColor: COLORS.error },
+      { label: "p95 latency", data: data.p95_ms, type: "line", spanGaps: true,
+        borderColor: COLORS.threshold, backgroundColor: COLORS.threshold },
+    ]);
+  }
+
+  // Overview: tokens of the conversations started per bucket, their cost.
+  function usage(data) {
+    return barsAndLines(data, "tokens", "cost (USD)", [
+      { label: "tokens (in + out)", data: data.tokens, backgroundColor: COLORS.bar },
+      { label: "cost (USD)", data: data.cost_usd, type: "line", borderColor: COLORS.ok, backgroundColor: COLORS.ok },
+    ]);
+  }
+
+  var KINDS = { "token-budget": tokenBudget, histogram: histogram, activity: activity, usage: usage };
 
   function drawCharts(root) {
     if (typeof window.Chart === "undefined") return;

@@ -24,7 +24,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 LIST_FIELDS = (
     "id", "external_id", "title", "user_id", "model", "status", "started_at", "last_activity_at",
     "rounds", "tool_calls", "errors", "retries", "input_tokens", "output_tokens",
-    "max_context_tokens", "compressions", "has_errors",
+    "max_context_tokens", "compressions", "has_errors", "cost_pico_usd", "unpriced_rounds",
 )
 
 

@@ -1,4 +1,5 @@
-"""The project overview: totals and a daily trend over a range, recent failures.
+"""The project overview: totals and cost over a range (the series are in
+``series``), recent failures.
 
 Tool figures come from the hourly rollups (a few thousand rows at most); the
 conversation figures are one aggregate over the (project, started_at) index.
@@ -11,10 +12,9 @@ from datetime import datetime
 from typing import Any, Optional
 
 from django.db.models import Count, Q, Sum
-from django.db.models.functions import TruncDay
 
 from dashboard.accounts.models import Project
-from dashboard.observatory.models import Conversation, ToolHourlyRollup
+from dashboard.observatory.models import Conversation, ToolHourlyRollup, UsageHourlyRollup
 from dashboard.observatory.selectors import LEVELS, level_token_sums
 
 
@@ -56,22 +56,49 @@ def overview_totals(project: Project, *, since: datetime) -> Totals:
     )
 
 
-def daily_trend(project: Project, *, since: datetime) -> dict[str, list[Any]]:
-    """Tool calls, errors and observation tokens per day (UTC) for the trend chart."""
-    rows = (
-        ToolHourlyRollup.objects.filter(project=project, hour__gte=since)
-        .annotate(day=TruncDay("hour"))
-        .values("day")
-        .annotate(calls=Sum("calls"), errors=Sum("errors"), **level_token_sums())
-        .order_by("day")
+@dataclass
+class ModelCost:
+    model: str
+    conversations: int
+    input_tokens: int
+    output_tokens: int
+    cost_pico_usd: Optional[int]  # None: no conversation of this model had a price
+    unpriced_rounds: int
+
+
+@dataclass
+class CostTotals:
+    cost_pico_usd: Optional[int]
+    unpriced_rounds: int
+    tool_cost_pico_usd: Optional[int]  # None: no call had a price
+    by_model: list[ModelCost]
+
+
+def cost_totals(project: Project, *, since: datetime) -> CostTotals:
+    """What the conversations started in the range cost, per model (the
+    conversation's model), and what the tool results in it cost the context
+    (a share of the input cost, not an addition to it). From the hourly rollups."""
+    by_model = [
+        ModelCost(
+            model=row["model"], conversations=row["n"] or 0, input_tokens=row["tokens_in"] or 0,
+            output_tokens=row["tokens_out"] or 0,
+            cost_pico_usd=(row["cost"] or 0) if row["priced"] else None, unpriced_rounds=row["unpriced"] or 0,
+        )
+        for row in UsageHourlyRollup.objects.filter(project=project, hour__gte=since)
+        .values("model").annotate(n=Sum("conversations"), tokens_in=Sum("input_tokens"),
+                                  tokens_out=Sum("output_tokens"), cost=Sum("cost_pico_usd"),
+                                  priced=Sum("priced_conversations"), unpriced=Sum("unpriced_rounds"))
+        .order_by("-cost", "model")
+    ]
+    priced = [m.cost_pico_usd for m in by_model if m.cost_pico_usd is not None]
+    tool_cost = ToolHourlyRollup.objects.filter(project=project, hour__gte=since).aggregate(
+        c=Sum("cost_pico_usd"), priced=Sum("priced_calls"))
+    return CostTotals(
+        cost_pico_usd=sum(priced) if priced else None,
+        unpriced_rounds=sum(m.unpriced_rounds for m in by_model),
+        tool_cost_pico_usd=(tool_cost["c"] or 0) if tool_cost["priced"] else None,
+        by_model=by_model,
     )
-    labels, calls, errors, tokens = [], [], [], []
-    for row in rows:
-        labels.append(row["day"].strftime("%Y-%m-%d"))
-        calls.append(row["calls"] or 0)
-        errors.append(row["errors"] or 0)
-        tokens.append(_observation_tokens(row))
-    return {"labels": labels, "calls": calls, "errors": errors, "tokens": tokens}
 
 
 def _observation_tokens(sums: dict[str, Any]) -> int:

@@ -12,14 +12,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
+from datetime import timezone as dt_timezone
 from typing import Any, Optional
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import TruncDate
 
 from dashboard.accounts.models import Project
 from dashboard.observatory import histogram
 from dashboard.observatory.models import ToolExecution
 from dashboard.observatory.selectors import LEVELS, ToolStats, level_token_sums
+from dashboard.tuning.pricing import PriceTable
 
 # Up to this many calls in range, the tool detail page reads the durations and
 # computes exact percentiles; above it, the histogram's bucket bounds are shown.
@@ -97,17 +100,53 @@ def level_costs(project: Project, tool_name: str, *, since: datetime) -> dict[st
         .order_by("-occurred_at")
         .values("id")[:LEVEL_COST_CALLS]
     )
-    totals = ToolExecution.objects.filter(id__in=newest).aggregate(
-        **level_token_sums(),
-        **{f"{level}_calls": Count(f"{level}_tokens") for level in LEVELS},  # calls that sent that rendering
-        seen=Sum("observation_tokens"),
-        calls=Count("id"),
+    # One grouped read of the sampled calls, by model and day (what prices
+    # depend on): the token figures are the groups' sums, the USD ones their prices.
+    groups = list(
+        ToolExecution.objects.filter(id__in=newest)
+        .values("model", "conversation__model", day=TruncDate("occurred_at", tzinfo=dt_timezone.utc))
+        .order_by()
+        .annotate(
+            **level_token_sums(),
+            **{f"{level}_calls": Count(f"{level}_tokens") for level in LEVELS},  # calls that sent that rendering
+            **{f"{level}_seen": Sum("observation_tokens", filter=Q(**{f"{level}_tokens__isnull": False}))
+               for level in LEVELS},  # what the model was given on those same calls
+            seen=Sum("observation_tokens"),
+            calls=Count("id"),
+        )
     )
-    costs: dict[str, Any] = {key: int(value or 0) for key, value in totals.items()}
+    names = [*LEVELS, *(f"{level}_calls" for level in LEVELS), "seen", "calls"]
+    costs: dict[str, Any] = {name: sum(int(g[name] or 0) for g in groups) for name in names}
     for level in LEVELS:
         calls = costs[f"{level}_calls"]
         costs[f"{level}_mean"] = costs[level] / calls if calls else None
     costs["seen_mean"] = costs["seen"] / costs["calls"] if costs["calls"] else None
     costs["sampled"] = costs["calls"] >= LEVEL_COST_CALLS
     costs["limit"] = LEVEL_COST_CALLS
+    costs.update(level_costs_usd(groups))
     return costs
+
+
+def level_costs_usd(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """In USD (pico), at the input price of each group's model on its day: what each
+    level's rendering would have cost over the calls that sent it, what the
+    renderings the model was actually given cost over those same calls, and the
+    difference (what a policy of that level would have saved; negative: cost
+    more). Calls whose model has no price are left out and counted."""
+    table = PriceTable.load()
+    out: dict[str, Any] = {f"{level}_{kind}": 0 for level in LEVELS for kind in ("usd", "seen_usd")}
+    out["unpriced_calls"] = priced = 0
+    for group in groups:
+        price = table.price_for(group["model"] or group["conversation__model"] or "", group["day"])
+        if price is None:
+            out["unpriced_calls"] += group["calls"]
+            continue
+        priced += group["calls"]
+        for level in LEVELS:
+            out[f"{level}_usd"] += price.cost(group[level] or 0)
+            out[f"{level}_seen_usd"] += price.cost(group[f"{level}_seen"] or 0)
+    for level in LEVELS:
+        out[f"{level}_saving_usd"] = out[f"{level}_seen_usd"] - out[f"{level}_usd"]
+        if not priced:  # no call had a price: "no price", not $0
+            out[f"{level}_usd"] = out[f"{level}_seen_usd"] = out[f"{level}_saving_usd"] = None
+    return out

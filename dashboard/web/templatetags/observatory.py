@@ -105,3 +105,39 @@ def mean(value: Any) -> str:
         return f"{float(value):,.1f}"
     except (TypeError, ValueError):
         return str(value)
+
+
+@register.filter
+def usd(pico: Any) -> str:
+    """pico-USD as dollars: '$12.35', '$0.0123', '$0.000045'; None as 'no price'
+    (a model the price table does not know is never shown as $0)."""
+    from dashboard.web.costs import usd_text
+
+    return usd_text(pico)
+
+
+@register.filter
+def signed(value: Any) -> str:
+    """A delta with its sign: '+12', '−3', '0'; None as '—'."""
+    if value is None or value == "":
+        return "—"
+    number = int(value)
+    return f"+{number:,}" if number > 0 else f"−{-number:,}" if number < 0 else "0"
+
+
+@register.filter
+def signed_usd(pico: Any) -> str:
+    from dashboard.web.costs import usd_text
+
+    if pico is None:
+        return "—"
+    text = usd_text(abs(int(pico)))
+    return f"+{text}" if pico > 0 else f"−{text}" if pico < 0 else text
+
+
+@register.filter
+def signed_duration(ms: Any) -> str:
+    if ms is None:
+        return "—"
+    text = duration(abs(ms))
+    return f"+{text}" if ms > 0 else f"−{text}" if ms < 0 else text

@@ -1,23 +1,28 @@
 from __future__ import annotations
 
+from typing import Any, Optional
+
+from django.db.models import Count, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 
 from dashboard.accounts.models import Project
-from dashboard.observatory.selectors import conversations_for_project
+from dashboard.observatory.models import Conversation
+from dashboard.observatory.selectors import conversation_text_match, conversations_for_project, ordered_conversations
 
 from ..access import project_page
 from ..forms import CONVERSATION_SORTS, ConversationFilterForm
+from ..costs import usd_plain
+from ..csv_export import CHUNK_ROWS, csv_response
 from ..selectors.conversations import SEARCH_WINDOW, BadCursor, conversation_page
+from ..selectors.saved_views import saved_views_for
 
 
-def _list_context(request: HttpRequest, project: Project) -> tuple[dict, int]:
-    form = ConversationFilterForm(request.GET)
-    context = {"project": project, "form": form, "nav_section": "conversations", "page": None}
-    if not form.is_valid():
-        return context, 400
+def filtered_conversations(form: ConversationFilterForm, project: Project) -> QuerySet[Conversation]:
+    """The list's filters (a valid form) on the project's conversations: one
+    reading for the page, its CSV export and a saved view."""
     data = form.cleaned_data
-    qs = conversations_for_project(
+    return conversations_for_project(
         project,
         user_id=data["user"].strip(),
         model=data["model"].strip(),
@@ -27,6 +32,16 @@ def _list_context(request: HttpRequest, project: Project) -> tuple[dict, int]:
         since=form.since_datetime(),
         until=form.until_datetime(),
     )
+
+
+def _list_context(request: HttpRequest, project: Project) -> tuple[dict, int]:
+    form = ConversationFilterForm(request.GET)
+    context = {"project": project, "form": form, "nav_section": "conversations", "page": None,
+               "saved_views": saved_views_for(request.user, project, page="conversations")}
+    if not form.is_valid():
+        return context, 400
+    data = form.cleaned_data
+    qs = filtered_conversations(form, project)
     try:
         page = conversation_page(
             qs, sort=data["sort"] or "-last_activity_at", after=data["after"], before=data["before"],
@@ -39,7 +54,7 @@ def _list_context(request: HttpRequest, project: Project) -> tuple[dict, int]:
     for key in ("after", "before"):
         filters.pop(key, None)
     context.update(page=page, filters=filters.urlencode(), sorts=CONVERSATION_SORTS,
-                   search_window=SEARCH_WINDOW)
+                   search_window=SEARCH_WINDOW, user_cost=_user_cost(qs, data["user"].strip()))
     return context, 200
 
 
@@ -56,3 +71,44 @@ def conversation_rows(request: HttpRequest, project: Project) -> HttpResponse:
     if status != 200:
         return HttpResponseBadRequest("bad filter")
     return render(request, "web/partials/conversation_rows.html", context)
+
+
+def _user_cost(qs: QuerySet[Conversation], user_id: str) -> Optional[dict[str, Any]]:
+    """With a user filter, what that user's listed conversations cost: one
+    aggregate over the (project, user_id) index (without one it would read the
+    whole list, so the list shows none)."""
+    if not user_id:
+        return None
+    totals = qs.aggregate(n=Count("id"), cost=Sum("cost_pico_usd"), priced=Count("cost_pico_usd"),
+                          unpriced=Sum("unpriced_rounds"))
+    return {"user": user_id, "conversations": totals["n"], "cost_pico_usd": totals["cost"] if totals["priced"] else None,
+            "unpriced_rounds": totals["unpriced"] or 0}
+
+
+EXPORT_COLUMNS = (
+    "id", "external_id", "title", "user_id", "model", "status", "rounds", "tool_calls", "errors", "retries",
+    "input_tokens", "output_tokens", "cost_pico_usd", "unpriced_rounds", "max_context_tokens", "compressions",
+    "started_at", "last_activity_at",
+)
+
+
+@project_page
+def conversation_export(request: HttpRequest, project: Project) -> HttpResponse:
+    """The whole filtered list as CSV, in the list's order (not just a page); the
+    text search looks through every listed conversation, not a window."""
+    form = ConversationFilterForm(request.GET)
+    if not form.is_valid():
+        return HttpResponseBadRequest("bad filter")
+    qs = filtered_conversations(form, project)
+    q = form.cleaned_data["q"].strip()
+    if q:
+        qs = qs.filter(conversation_text_match(q))
+    rows = ordered_conversations(qs, form.cleaned_data["sort"] or "-last_activity_at").values_list(*EXPORT_COLUMNS)
+    header = [("cost_usd" if name == "cost_pico_usd" else name) for name in EXPORT_COLUMNS]
+    cost_at = EXPORT_COLUMNS.index("cost_pico_usd")
+
+    def lines() -> Any:
+        for row in rows.iterator(chunk_size=CHUNK_ROWS):
+            yield row[:cost_at] + (usd_plain(row[cost_at]),) + row[cost_at + 1:]
+
+    return csv_response(f"conversations-{project.slug}.csv", header, lines())

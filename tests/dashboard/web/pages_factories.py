@@ -235,3 +235,15 @@ def add_artifact(project: Any, data: bytes, content_type: str = "application/jso
         sha256=hashlib.sha256(data).hexdigest(), content_type=content_type, max_bytes=10 * 1024 * 1024,
     )
     return outcome.artifact
+
+
+def price_rule(pattern: str, input_price: str, output_price: str, day: Any = None) -> Any:
+    """A price rule (USD per million tokens) in force from ``day`` (long ago by default)."""
+    from datetime import date
+    from decimal import Decimal
+
+    from dashboard.tuning.models import PriceRule
+
+    return PriceRule.objects.create(pattern=pattern, input_usd_per_million=Decimal(input_price),
+                                    output_usd_per_million=Decimal(output_price),
+                                    effective_from=day or date(2020, 1, 1))

@@ -9,7 +9,8 @@ from tests.dashboard.web.pages_factories import PASSWORD, add_artifact, add_span
 
 pytestmark = pytest.mark.django_db
 
-PROJECT_PAGES = ["web:overview", "web:conversations", "web:conversation_rows", "web:tools", "web:artifacts", "web:keys"]
+PROJECT_PAGES = ["web:overview", "web:conversations", "web:conversation_rows", "web:tools", "web:artifacts", "web:keys",
+                 "web:compare", "web:saved_views", "web:conversations_export", "web:tools_export"]
 
 
 @pytest.mark.parametrize("name", PROJECT_PAGES)
@@ -90,6 +91,8 @@ def test_it_answers_404_for_another_projects_objects(client_in, project, other_p
         reverse("web:artifact", args=[slug, artifact.artifact_id]),
         reverse("web:artifact_download", args=[slug, artifact.artifact_id]),
         reverse("web:tool", args=[slug, "load_csv"]),
+        reverse("web:tool_calls_export", args=[slug, conversation.pk]),
+        reverse("web:compare", args=[slug]) + f"?a={conversation.pk}&b={conversation.pk}",
     ]
     for url in urls:
         assert client_in.get(url).status_code == 404, url

@@ -15,7 +15,7 @@ JUNK = [
     "%", "[]", "{}", "true", "null",
 ]
 PARAMS = ["q", "page", "cursor", "after", "before", "sort", "order", "status", "model", "user", "tool",
-          "has_errors", "since", "until", "range", "level", "rounds", "limit", "direction"]
+          "has_errors", "since", "until", "range", "level", "rounds", "limit", "direction", "a", "b", "c"]
 
 
 @pytest.fixture
@@ -34,6 +34,8 @@ def urls(project):
         p + f"tool-executions/{execution.pk}/levels/", p + f"rounds/{round_.pk}/waterfall/", p + "tools/",
         p + f"tools/{execution.tool_name}/", p + f"compressions/{compression.pk}/", p + "artifacts/",
         p + f"artifacts/{artifact.artifact_id}/", p + f"traces/{'ab' * 16}/", p + "keys/",
+        p + "compare/", p + f"compare/?a={conversation.pk}&b={conversation.pk}", p + "views/",
+        p + "conversations/export.csv", p + "tools/export.csv", p + f"conversations/{conversation.pk}/tool-calls.csv",
         f"/api/v1/projects/{project.slug}/conversations",
         f"/api/v1/projects/{project.slug}/conversations/{conversation.external_id}",
         f"/api/v1/projects/{project.slug}/tools",

@@ -65,5 +65,35 @@ def test_it_escapes_renderings(client_in, project):
 
 def test_it_keeps_the_query_count_flat(client_in, execution, django_assert_max_num_queries):
     url = reverse("web:levels", args=[execution.project.slug, execution.pk])
-    with django_assert_max_num_queries(6):
+    with django_assert_max_num_queries(8):  # + the price table and the sampled calls' prices
         assert client_in.get(url).status_code == 200
+
+
+def test_it_prices_what_each_level_policy_would_have_saved(client_in, execution):
+    from tests.dashboard.web.pages_factories import price_rule as price
+
+    from dashboard.tuning.models import PriceRule
+    from dashboard.web.costs import usd_text
+
+    PriceRule.objects.all().delete()
+    price("gpt-4o*", "2", "8")  # $2 / 1M input tokens = 2,000,000 pico-USD a token
+    body = client_in.get(reverse("web:levels", args=[execution.project.slug, execution.pk])).content.decode()
+    calls = ToolExecution.objects.filter(project=execution.project, tool_name="query_sales")
+    for level in ("brief", "standard", "full"):
+        row = re.search(rf'<tr data-level="{level}">(.*?)</tr>', body, re.S).group(1)
+        at_level = sum(getattr(c, f"{level}_tokens") for c in calls) * 2_000_000
+        as_seen = sum(c.observation_tokens for c in calls) * 2_000_000
+        assert re.search(r'data-field="usd">([^<]*)<', row).group(1) == usd_text(at_level)
+        saving = re.search(r'data-field="saving">([^<]*)<', row).group(1)
+        expected = usd_text(abs(as_seen - at_level))
+        assert saving == (f"+{expected}" if as_seen > at_level else f"−{expected}" if as_seen < at_level else expected)
+
+
+def test_it_says_no_price_when_the_model_has_none(client_in, project):
+    record = tool_record("c", tool="t")
+    record["model"] = "acme-large"
+    store(project, [record])
+    execution = ToolExecution.objects.get(project=project, tool_name="t")
+    body = client_in.get(reverse("web:levels", args=[project.slug, execution.pk])).content.decode()
+    assert re.search(r'data-field="usd">no price<', body)
+    assert 'data-testid="unpriced-calls">1 call' in body

@@ -42,17 +42,52 @@ def test_it_widens_with_the_range(client_in, filled):
     assert value(body, "total-tool-calls") == f"{ToolExecution.objects.filter(project=filled).count():,}"
 
 
-def test_it_draws_the_daily_trend(client_in, filled):
-    body = client_in.get(reverse("web:overview", args=[filled.slug])).content.decode()
-    start = body.index('<script id="trend-data" type="application/json">')
-    data = json.loads(body[body.index(">", start) + 1: body.index("</script>", start)])
-    day = HOUR.strftime("%Y-%m-%d")
-    assert day in data["labels"]
-    i = data["labels"].index(day)
-    rows = ToolExecution.objects.filter(project=filled, occurred_at__date=HOUR.date())
+def series_of(body: str) -> dict:
+    start = body.index('<script id="series-data" type="application/json">')
+    return json.loads(body[body.index(">", start) + 1: body.index("</script>", start)])
+
+
+def test_it_draws_hourly_series_equal_to_the_rows(client_in, filled):
+    data = series_of(client_in.get(reverse("web:overview", args=[filled.slug])).content.decode())
+    assert data["step"] == "hour" and len(data["labels"]) == 7 * 24
+    i = data["starts"].index(HOUR.isoformat())
+    rows = ToolExecution.objects.filter(project=filled, occurred_at__gte=HOUR, occurred_at__lt=HOUR + timedelta(hours=1))
     assert data["calls"][i] == rows.count()
     assert data["errors"][i] == rows.filter(success=False).count()
-    assert data["tokens"][i] == sum(rows.values_list("observation_tokens", flat=True))
+    assert data["observation_tokens"][i] == sum(rows.values_list("observation_tokens", flat=True))
+    started = Conversation.objects.filter(project=filled, started_at__gte=HOUR, started_at__lt=HOUR + timedelta(hours=1))
+    assert data["conversations"][i] == started.count()
+    assert data["tokens"][i] == sum(c.input_tokens + c.output_tokens for c in started)
+    assert data["cost_usd"][i] == pytest.approx(sum(c.cost_pico_usd or 0 for c in started) / 1e12)
+    assert sum(data["calls"]) == ToolExecution.objects.filter(project=filled, occurred_at__gte=HOUR - timedelta(days=6)).count()
+
+
+def test_it_links_each_bucket_to_the_conversations_started_in_it(client_in, filled):
+    data = series_of(client_in.get(reverse("web:overview", args=[filled.slug])).content.decode())
+    i = data["starts"].index(HOUR.isoformat())
+    listed = client_in.get(data["links"][i]).content.decode()
+    started = Conversation.objects.filter(project=filled, started_at__gte=HOUR, started_at__lt=HOUR + timedelta(hours=1))
+    assert started.count() == data["conversations"][i] > 0
+    for conversation in started:
+        assert conversation.external_id in listed
+    empty = data["links"][i - 1]
+    assert "No conversation matches." in client_in.get(empty).content.decode()
+
+
+def test_it_draws_daily_buckets_past_seven_days(client_in, filled):
+    data = series_of(client_in.get(reverse("web:overview", args=[filled.slug]) + "?range=90d").content.decode())
+    assert data["step"] == "day" and 90 <= len(data["labels"]) <= 91
+    assert sum(data["calls"]) == ToolExecution.objects.filter(project=filled).count()
+
+
+def test_it_shows_cost_by_model_equal_to_the_conversations(client_in, filled):
+    from dashboard.web.costs import usd_text
+
+    body = client_in.get(reverse("web:overview", args=[filled.slug]) + "?range=90d").content.decode()
+    conversations = Conversation.objects.filter(project=filled)
+    priced = [c.cost_pico_usd for c in conversations if c.cost_pico_usd is not None]
+    assert value(body, "total-cost") == usd_text(sum(priced))
+    assert 'data-model="gpt-4o"' in body
 
 
 def test_it_lists_recent_failures_linked_to_their_conversations(client_in, filled):
@@ -64,10 +99,31 @@ def test_it_lists_recent_failures_linked_to_their_conversations(client_in, fille
 
 def test_it_keeps_the_query_count_flat(client_in, filled, django_assert_max_num_queries):
     page = reverse("web:overview", args=[filled.slug])
-    with django_assert_max_num_queries(8):
+    with django_assert_max_num_queries(11):  # + the cost totals (2) and the series' two rollups
         assert client_in.get(page).status_code == 200
 
 
 def test_it_shows_an_empty_project(client_in, project):
     body = client_in.get(reverse("web:overview", args=[project.slug])).content.decode()
-    assert "No tool calls in this range." in body and "No failures." in body
+    assert "No conversations in this range." in body and "No failures." in body
+    assert value(body, "total-cost") == "no price"
+
+
+def test_it_never_shows_an_unpriced_tool_cost_as_zero(client_in, project):
+    from dashboard.tuning.models import PriceRule
+
+    PriceRule.objects.all().delete()
+    store(project, [tool_record("c")])
+    body = client_in.get(reverse("web:overview", args=[project.slug])).content.decode()
+    assert value(body, "tool-cost") == "no price" and value(body, "total-cost") == "no price"
+    data = series_of(body)
+    assert data["tool_cost_usd"][data["starts"].index(HOUR.isoformat())] is None
+
+
+def test_it_escapes_a_hostile_model_name_in_the_cost_table(client_in, project):
+    from tests.dashboard.web.pages_factories import round_record
+
+    evil = '"><script>alert(1)</script>'
+    store(project, [round_record("c", 0, model=evil)])
+    body = client_in.get(reverse("web:overview", args=[project.slug])).content.decode()
+    assert "<script>alert(1)</script>" not in body and "&lt;script&gt;" in body

@@ -174,3 +174,45 @@ def test_it_says_when_level_costs_cover_only_the_newest_calls(client_in, project
     assert 'data-testid="costs-sampled"' in body and "newest 2 calls" in body
     table = re.search(r'data-testid="level-costs">(.*?)</table>', body, re.S).group(1)
     assert re.findall(r'<td class="num">([^<]*)</td>', table)[:3] == ["2", "30", "15.0"]  # the oldest call left out
+
+
+def test_it_prices_each_tools_observation_tokens(client_in, executions):
+    from dashboard.observatory.models import ToolHourlyRollup
+    from dashboard.web.costs import usd_text
+
+    body = client_in.get(reverse("web:tools", args=[executions.slug]) + "?range=7d").content.decode()
+    since = range_start(24 * 7)
+    for tool in ("query_sales", "load_csv", "web_search"):
+        shown = re.search(rf'<tr data-tool="{tool}">(.*?)</tr>', body, re.S).group(1)
+        rows = ToolExecution.objects.filter(project=executions, tool_name=tool, occurred_at__gte=since)
+        # gpt-4o's seeded price: $2.50 per million input tokens
+        expected = sum(r.observation_tokens for r in rows) * 2_500_000
+        assert sum(ToolHourlyRollup.objects.filter(project=executions, tool_name=tool, hour__gte=since)
+                   .values_list("cost_pico_usd", flat=True)) == expected
+        assert re.search(r'data-field="cost">([^<]*)', shown).group(1).strip() == usd_text(expected)
+
+
+def test_it_links_each_bucket_of_the_tool_series_to_its_failures(client_in, executions):
+    import json
+
+    body = client_in.get(reverse("web:tool", args=[executions.slug, "load_csv"]) + "?range=7d").content.decode()
+    start = body.index('<script id="series-data" type="application/json">')
+    data = json.loads(body[body.index(">", start) + 1: body.index("</script>", start)])
+    failing = ToolExecution.objects.filter(project=executions, tool_name="load_csv", success=False)
+    assert sum(data["errors"]) == failing.filter(occurred_at__gte=range_start(24 * 7)).count()
+    i = max(range(len(data["errors"])), key=lambda k: data["errors"][k])
+    page = client_in.get(data["links"][i]).content.decode()
+    shown = re.search(r'<h2 id="failures">(.*?)</table>', page, re.S).group(1)
+    assert shown.count('<tr class="error">') == data["errors"][i]
+    from datetime import datetime
+
+    start_at = datetime.fromisoformat(data["starts"][i])  # UTC, as the bucket's link
+    in_bucket = failing.filter(occurred_at__gte=start_at, occurred_at__lt=start_at + timedelta(hours=1))
+    for failure in in_bucket:
+        assert f"#exec-{failure.pk}" in shown
+
+
+@pytest.mark.parametrize("query", ["?since=garbage", "?until=2026-02-30T10:00", "?since=" + "1" * 50])
+def test_it_ignores_a_bad_failure_bucket(client_in, executions, query):
+    response = client_in.get(reverse("web:tool", args=[executions.slug, "load_csv"]) + query)
+    assert response.status_code == 200 and "Recent failures" in response.content.decode()

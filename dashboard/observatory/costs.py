@@ -1,0 +1,179 @@
+"""Cost in USD of what agents did, from the stored tokens and the price table
+(``tuning.pricing``) in force on the day the tokens were used.
+
+Stored, not computed on read, so that lists and overviews of 100k conversations
+stay one indexed read: the derivations call in here when they recompute a
+conversation's totals (round and conversation costs, and the hourly usage rollup
+of the hours its start moved between) or an hour of tool rollups (observation
+tokens priced at the input rate of the call's model). A price rule saved or
+deleted in the admin re-derives what it may have priced (``costs_reprice``).
+
+Amounts are integers of pico-USD (1e-12 USD), so every total equals the sum of
+its parts exactly. A model with no price is never counted as 0: rounds without a
+price have a null cost and are counted as unpriced.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Optional
+
+from django.db.models import Count, F, Q, Sum
+
+from dashboard.tuning.pricing import PriceTable
+
+from .models import Conversation, Round, ToolExecution, ToolHourlyRollup, UsageHourlyRollup
+
+# The Conversation columns conversation_totals_refresh writes for us.
+CONVERSATION_FIELDS = ["cost_pico_usd", "unpriced_rounds"]
+REPRICE_BATCH = 1_000
+USAGE_FIELDS = ("conversations", "conversations_with_errors", "input_tokens", "output_tokens", "cost_pico_usd",
+                "priced_conversations", "unpriced_rounds")
+
+
+def _hour(moment: datetime) -> datetime:
+    from .services import hour_of
+
+    return hour_of(moment)
+
+
+@dataclass
+class ConversationPricing:
+    """What ``conversations_priced`` computed, written by ``save`` inside the
+    totals' transaction (after the conversations themselves)."""
+
+    rounds: list[Round] = field(default_factory=list)  # rounds whose cost changed
+    hours: dict[int, set[datetime]] = field(default_factory=lambda: defaultdict(set))
+
+    def save(self) -> None:
+        from .derivations import update_rows
+
+        update_rows(Round, self.rounds, ["cost_pico_usd"])
+        for project_id, hours in self.hours.items():
+            usage_hours_refresh(project_id=project_id, hours=hours)
+
+
+def conversations_priced(conversations: list[Conversation], table: Optional[PriceTable] = None) -> ConversationPricing:
+    """Price every round of these conversations (its model, else the
+    conversation's) and set each conversation's cost and unpriced rounds. Call
+    before the conversations are written: the hours their start moves from are
+    read from the database. Two queries."""
+    table = table or PriceTable.load()
+    pricing = ConversationPricing()
+    by_id = {c.pk: c for c in conversations}
+    for project_id, started_at in Conversation.objects.filter(pk__in=list(by_id)).values_list(
+        "project_id", "started_at"
+    ):
+        pricing.hours[project_id].add(_hour(started_at))
+    totals: dict[int, list[int]] = {pk: [0, 0, 0] for pk in by_id}  # cost, priced rounds, unpriced rounds
+    for round_ in Round.objects.filter(conversation_id__in=list(by_id)).only(
+        "id", "conversation_id", "model", "occurred_at", "input_tokens", "output_tokens", "cost_pico_usd"
+    ):
+        conversation = by_id[round_.conversation_id]
+        cost = round_cost(round_, table, fallback_model=conversation.model)
+        entry = totals[round_.conversation_id]
+        if cost is None:
+            entry[2] += 1
+        else:
+            entry[0] += cost
+            entry[1] += 1
+        if cost != round_.cost_pico_usd:
+            round_.cost_pico_usd = cost
+            pricing.rounds.append(round_)
+    for pk, conversation in by_id.items():
+        cost, priced, unpriced = totals[pk]
+        conversation.cost_pico_usd = cost if priced else None
+        conversation.unpriced_rounds = unpriced
+        pricing.hours[conversation.project_id].add(_hour(conversation.started_at))
+    return pricing
+
+
+def round_cost(round_: Any, table: PriceTable, *, fallback_model: str = "") -> Optional[int]:
+    """pico-USD of a round's input and output tokens; None when its model has no price."""
+    price = table.price_for(round_.model or fallback_model, round_.occurred_at)
+    return None if price is None else price.cost(round_.input_tokens, round_.output_tokens)
+
+
+def observation_cost(execution: Any, table: PriceTable, *, fallback_model: str = "") -> Optional[int]:
+    """pico-USD of a tool result's observation tokens at its model's input rate."""
+    price = table.price_for(execution.model or fallback_model, execution.occurred_at)
+    return None if price is None else price.cost(execution.observation_tokens)
+
+
+def usage_hours_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
+    """Recompute the usage rollups of these hours from the conversation rows
+    (one grouped query per hour on the (project, started_at) index); a model with
+    no conversation left in the hour loses its row. Returns rows written."""
+    written = 0
+    for hour in sorted(set(hours)):
+        rows = [
+            UsageHourlyRollup(project_id=project_id, hour=hour, model=row["model"], **{
+                name: row[f"sum_{name}"] or 0 for name in USAGE_FIELDS
+            })
+            for row in Conversation.objects.filter(
+                project_id=project_id, started_at__gte=hour, started_at__lt=hour + timedelta(hours=1)
+            ).values("model").order_by().annotate(
+                sum_conversations=Count("id"), sum_conversations_with_errors=Count("id", filter=Q(has_errors=True)),
+                sum_input_tokens=Sum("input_tokens"), sum_output_tokens=Sum("output_tokens"),
+                sum_cost_pico_usd=Sum("cost_pico_usd"), sum_priced_conversations=Count("cost_pico_usd"),
+                sum_unpriced_rounds=Sum("unpriced_rounds"),
+            )
+        ]
+        UsageHourlyRollup.objects.filter(project_id=project_id, hour=hour).exclude(
+            model__in=[row.model for row in rows]
+        ).delete()
+        UsageHourlyRollup.objects.bulk_create(
+            rows, update_conflicts=True, unique_fields=["project", "hour", "model"], update_fields=list(USAGE_FIELDS),
+        )
+        written += len(rows)
+    return written
+
+
+def tool_hour_costs(stats: dict[str, dict[str, Any]], executions: Any, hour: datetime,
+                    table: Optional[PriceTable] = None) -> None:
+    """Add each tool's observation cost and priced calls of the hour to its rollup
+    entry (``tool_rollups_refresh``'s ``stats``). One grouped query."""
+    table = table or PriceTable.load()
+    for row in executions.values("tool_name", "model").order_by().annotate(
+        conversation_model=F("conversation__model"), tokens=Sum("observation_tokens"), calls=Count("id"),
+    ):
+        price = table.price_for(row["model"] or row["conversation_model"] or "", hour)
+        if price is not None and row["tool_name"] in stats:
+            entry = stats[row["tool_name"]]
+            entry["cost_pico_usd"] += price.cost(row["tokens"] or 0)
+            entry["priced_calls"] += row["calls"]
+
+
+def costs_reprice(*, patterns: Iterable[str]) -> dict[str, int]:
+    """After price rules with these patterns changed: re-derive, through the
+    derivation entry point, the conversations and tool hours of every project
+    whose rows name a model one of the patterns matches. Returns counts."""
+    from dashboard.tuning.patterns import match_rank
+
+    from .services import derivations_enqueue
+
+    patterns = [p for p in patterns if p]
+    models: set[str] = set()
+    for source in (Conversation, Round, ToolExecution):
+        models |= set(source.objects.exclude(model="").values_list("model", flat=True).distinct())
+    matching = sorted(m for m in models if any(match_rank(p, m) is not None for p in patterns))
+    counts = {"conversations": 0, "hours": 0}
+    if not matching:
+        return counts
+    affected = (
+        Conversation.objects.filter(Q(model__in=matching) | Q(round_set__model__in=matching))
+        .values_list("project_id", "id").distinct().order_by("project_id", "id")
+    )
+    by_project: dict[int, list[int]] = defaultdict(list)
+    for project_id, pk in affected.iterator(chunk_size=5_000):
+        by_project[project_id].append(pk)
+    for project_id, ids in by_project.items():
+        hours = list(ToolHourlyRollup.objects.filter(project_id=project_id).values_list("hour", flat=True).distinct())
+        for i in range(0, len(ids), REPRICE_BATCH):
+            derivations_enqueue(project_id=project_id, conversation_ids=ids[i: i + REPRICE_BATCH],
+                                hours=hours if i == 0 else ())
+        counts["conversations"] += len(ids)
+        counts["hours"] += len(hours)
+    return counts
