@@ -67,6 +67,11 @@ class Phase:
     seconds: float
     retries: int
     failures: int
+    requests: int
+
+    @property
+    def requests_per_second(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
 
     @property
     def per_second(self) -> float:
@@ -76,8 +81,8 @@ class Phase:
 # --- payloads -------------------------------------------------------------------
 
 
-def span_batches(count: int, *, genai_every: int) -> list[bytes]:
-    """OTLP protobuf batches of SPANS_PER_BATCH spans, ~600 bytes and 10 attributes each.
+def span_batches(count: int, *, genai_every: int, size: int = SPANS_PER_BATCH) -> list[bytes]:
+    """OTLP protobuf batches of ``size`` spans, ~600 bytes and 10 attributes each.
 
     One span in ``genai_every`` carries GenAI attributes (conversation, tool, tokens),
     as the tool and LLM spans of an agent do; 0 means none does.
@@ -92,7 +97,7 @@ def span_batches(count: int, *, genai_every: int) -> list[bytes]:
         scope_spans = resource_spans.scope_spans.add()
         scope_spans.scope.name = "pipeline"
         trace_id = os.urandom(16)
-        for index in range(SPANS_PER_BATCH):
+        for index in range(size):
             if index % 20 == 0:
                 trace_id = os.urandom(16)
             span = scope_spans.spans.add()
@@ -101,7 +106,7 @@ def span_batches(count: int, *, genai_every: int) -> list[bytes]:
             span.parent_span_id = os.urandom(8)
             span.name = f"execute_tool search_orders_{index % 7}"
             span.kind = 1
-            span.start_time_unix_nano = start + (batch * SPANS_PER_BATCH + index) * 1_000_000
+            span.start_time_unix_nano = start + (batch * size + index) * 1_000_000
             span.end_time_unix_nano = span.start_time_unix_nano + 3_500_000
             attributes = span.attributes
             genai = genai_every and index % genai_every == 0
@@ -414,8 +419,8 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
             stored_spans, stored_records = count_rows(env)
         return {
             "db": db,
-            "spans": Phase("spans", len(spans) * SPANS_PER_BATCH, stored_spans, span_seconds, span_retries, span_failures),
-            "records": Phase("records", len(records) * args.records_per_batch, stored_records, record_seconds, record_retries, record_failures),
+            "spans": Phase("spans", len(spans) * args.spans_per_batch, stored_spans, span_seconds, span_retries, span_failures, len(spans)),
+            "records": Phase("records", len(records) * args.records_per_batch, stored_records, record_seconds, record_retries, record_failures, len(records)),
             "record_rss_mb": record_rss_kib / 1024,
             "record_cpu": cpu_middle - cpu_before,
             "span_cpu": cpu_after - cpu_middle,
@@ -434,7 +439,9 @@ def _nothing() -> Iterator[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
-    parser.add_argument("--batches", type=int, default=60, help="OTLP batches of 1,000 spans")
+    parser.add_argument("--batches", type=int, default=60, help="OTLP batches")
+    parser.add_argument("--spans-per-batch", type=int, default=SPANS_PER_BATCH,
+                        help="spans in each OTLP batch (10 measures the per-request cost)")
     parser.add_argument("--record-batches", type=int, default=20)
     parser.add_argument("--records-per-batch", type=int, default=500)
     parser.add_argument("--genai-every", type=int, default=0, help="one span in N has GenAI attributes (0: none)")
@@ -445,10 +452,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     print(f"building {args.batches} span batches and {args.record_batches} record batches ...", flush=True)
-    spans = span_batches(args.batches, genai_every=args.genai_every)
+    spans = span_batches(args.batches, genai_every=args.genai_every, size=args.spans_per_batch)
     records = record_batches(args.record_batches, args.records_per_batch)
     if spans:
-        print(f"span batch {len(spans[0]) / 1024:.0f} KiB ({len(spans[0]) / SPANS_PER_BATCH:.0f} B/span)", flush=True)
+        print(f"span batch {len(spans[0]) / 1024:.0f} KiB ({len(spans[0]) / args.spans_per_batch:.0f} B/span)", flush=True)
     if records:
         print(f"record batch {len(records[0]) / 1024:.0f} KiB ({args.records_per_batch} records)", flush=True)
 
@@ -461,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"gunicorn: {args.workers} workers, {args.worker_class}"
           + (f" x {args.threads} threads" if args.worker_class == "gthread" else "")
           + f", {args.clients} client threads, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
-    print(f"{'db':<9} {'path':<8} {'sent':>8} {'stored':>8} {'seconds':>8} {'rows/s':>9} "
+    print(f"{'db':<9} {'path':<8} {'sent':>8} {'stored':>8} {'seconds':>8} {'rows/s':>9} {'req/s':>7} "
           f"{'rows/cpu-s':>10} {'retries':>8} {'fails':>6} {'peak RSS':>9}")
     for result in results:
         # Peak RSS is cumulative: after the records phase, then after both.
@@ -473,7 +480,7 @@ def main(argv: list[str] | None = None) -> None:
         ):
             print(
                 f"{result['db']:<9} {phase.name:<8} {phase.sent:>8} {phase.stored:>8} {phase.seconds:>8.2f} "
-                f"{phase.per_second:>9.0f} {phase.stored / cpu if cpu else 0:>10.0f} {phase.retries:>8} "
+                f"{phase.per_second:>9.0f} {phase.requests_per_second:>7.0f} {phase.stored / cpu if cpu else 0:>10.0f} {phase.retries:>8} "
                 f"{phase.failures:>6} {rss:>7.0f}MB"
             )
     for result in results:

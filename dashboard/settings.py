@@ -40,6 +40,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "dashboard.middleware.RejectNulBytesMiddleware",
+    "dashboard.middleware.IngestFastPathMiddleware",  # agents' endpoints stop here
     # Static files from the app itself, so gunicorn alone serves a complete dashboard.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -146,6 +147,8 @@ OBSERVATORY_MAX_ARTIFACT_BYTES = env.env_int(
 )
 OBSERVATORY_MAX_RECORDS_PER_BATCH = env.env_int("OBSERVATORY_MAX_RECORDS_PER_BATCH", 5000, minimum=1)
 # Concurrent ingest requests per process before answering 429 + Retry-After.
+# Paths of the agents' endpoints (API key, no session): they skip the pages' middleware.
+OBSERVATORY_INGEST_PATH_PREFIXES = ("/v1/", "/api/v1/records", "/api/v1/artifacts", "/api/v1/config")
 OBSERVATORY_MAX_CONCURRENT_INGEST = env.env_int("OBSERVATORY_MAX_CONCURRENT_INGEST", 8, minimum=1)
 
 # Times an ingested record or span may carry (years, the upper one exclusive); items

@@ -27,3 +27,31 @@ def test_it_lets_ordinary_urls_through(member_client, project):
 
 def test_it_refuses_nul_before_authentication_on_ingest(client):
     assert client.post("/v1/traces?x=%00", b"", content_type="application/x-protobuf").status_code == 400
+
+
+# --- the agents' endpoints skip the pages' middleware --------------------------------
+
+
+def test_it_serves_ingest_without_session_or_csrf(client, auth, settings):
+    settings.SECURE_CONTENT_TYPE_NOSNIFF = True
+    response = client.post("/api/v1/records", {"records": []}, content_type="application/json", **auth)
+    assert response.status_code == 200
+    assert "sessionid" not in response.cookies and "csrftoken" not in response.cookies
+    assert response.headers["X-Content-Type-Options"] == "nosniff"  # SecurityMiddleware still runs
+
+
+def test_it_keeps_the_pages_middleware_for_pages(member_client, project):
+    response = member_client.get(f"/p/{project.slug}/conversations/")
+    assert "Content-Security-Policy" in response.headers
+
+
+def test_it_keeps_the_session_api_under_the_full_stack(member_client, project):
+    # The read API is reached with a log-in, not a key: it must not take the fast path.
+    response = member_client.get(f"/api/v1/projects/{project.slug}/conversations")
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/nothing", "/v1/", "/api/v1/recordsx", "/v1/traces/../admin/"])
+def test_it_answers_404_to_unknown_paths_under_an_ingest_prefix(client, auth, path):
+    response = client.post(path, b"{}", content_type="application/json", **auth)
+    assert response.status_code == 404

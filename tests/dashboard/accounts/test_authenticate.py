@@ -59,3 +59,25 @@ def test_it_writes_last_used_at_at_most_once_a_minute(project, api_key, django_a
     ApiKey.objects.update(last_used_at=timezone.now() - timedelta(minutes=2))
     with django_assert_num_queries(2):
         authenticate(request_with(f"Bearer {api_key}"))
+
+
+def test_it_refuses_a_key_revoked_after_it_was_used(project):
+    key, text = apikey_create(project=project)
+    assert authenticate(request_with(f"Bearer {text}")) == project
+    apikey_revoke(key=key)
+    with pytest.raises(IngestError, match="revoked API key"):
+        authenticate(request_with(f"Bearer {text}"))
+
+
+def test_it_refuses_the_key_of_a_deleted_project(project, api_key):
+    assert authenticate(request_with(f"Bearer {api_key}")) == project
+    project.delete()
+    with pytest.raises(IngestError, match="invalid API key"):
+        authenticate(request_with(f"Bearer {api_key}"))
+
+
+def test_it_returns_the_project_as_stored_now(project, api_key):
+    authenticate(request_with(f"Bearer {api_key}"))
+    type(project).objects.filter(pk=project.pk).update(name="renamed")
+    found = authenticate(request_with(f"Bearer {api_key}"))
+    assert (found.pk, found.name, found.slug) == (project.pk, "renamed", project.slug)
