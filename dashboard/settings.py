@@ -149,7 +149,15 @@ OBSERVATORY_MAX_RECORDS_PER_BATCH = env.env_int("OBSERVATORY_MAX_RECORDS_PER_BAT
 # Concurrent ingest requests per process before answering 429 + Retry-After.
 # Paths of the agents' endpoints (API key, no session): they skip the pages' middleware.
 OBSERVATORY_INGEST_PATH_PREFIXES = ("/v1/", "/api/v1/records", "/api/v1/artifacts", "/api/v1/config")
-OBSERVATORY_MAX_CONCURRENT_INGEST = env.env_int("OBSERVATORY_MAX_CONCURRENT_INGEST", 8, minimum=1)
+# Ingest requests a process serves at once: one thread fewer than gunicorn gives it
+# (WEB_THREADS), so a page always finds a thread; past it ingest answers 429.
+OBSERVATORY_MAX_CONCURRENT_INGEST = env.env_int(
+    "OBSERVATORY_MAX_CONCURRENT_INGEST", max(1, env.env_int("WEB_THREADS", 4, minimum=1) - 1), minimum=1
+)
+# Bytes of decoded ingest data (bodies, parsed messages, rows) a process holds at
+# once; a request that alone needs more is refused (413), one that finds it taken
+# waits (503 + Retry-After). See dashboard.ingest.common.memory_reserve.
+OBSERVATORY_INGEST_MEMORY_BYTES = env.env_int("OBSERVATORY_INGEST_MEMORY_BYTES", 128 * 1024 * 1024, minimum=1024 * 1024)
 
 # Times an ingested record or span may carry (years, the upper one exclusive); items
 # outside are refused one by one, like any other invalid item.

@@ -28,7 +28,16 @@ from dashboard.observatory.services import artifact_store, derivations_enqueue, 
 from dashboard.tuning.services import config_body_and_etag, effective_config
 from pipeline import IngestResponse, Record, RecordSchemaError, parse_record
 
-from .common import GunzipReader, IngestError, authenticate, ingest_gate, load_json, read_body
+from .common import (
+    GunzipReader,
+    IngestError,
+    authenticate,
+    ingest_gate,
+    json_decode_cost,
+    load_json,
+    memory_reserve,
+    read_body,
+)
 
 RECORDS_JSON_DEPTH = 32
 SHA256_PATTERN = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -117,6 +126,7 @@ def post_records(request: HttpRequest) -> dict[str, Any]:
             max_decoded_bytes=settings.OBSERVATORY_MAX_DECODED_BYTES,
         )
         items = _record_items(load_json(body, max_depth=RECORDS_JSON_DEPTH))
+        memory_reserve(json_decode_cost(body), "the records")  # the validated models
         valid, rejected = records_validate(items)
         with transaction.atomic():
             outcome = records_store(project=project, records=valid)

@@ -130,6 +130,7 @@ def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -
         raise IngestError(413, f"body larger than {max_bytes} bytes")
 
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    memory_reserve(len(raw), "the body")
     if encoding in ("", "identity"):
         if len(raw) > max_decoded_bytes:
             raise IngestError(413, f"body larger than {max_decoded_bytes} bytes")
@@ -141,16 +142,23 @@ def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -
 
 def gunzip_bounded(data: bytes, max_decoded_bytes: int) -> bytes:
     """Inflate gzip (several members allowed) without ever holding more than
-    max_decoded_bytes + 1 of output."""
+    max_decoded_bytes + 1 of output, counting what it inflates against the
+    request's memory budget (``memory_reserve``) as it goes."""
     out = bytearray()
     remaining = data
     try:
         while True:
             inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            budget = max_decoded_bytes + 1 - len(out)
-            out += inflater.decompress(remaining, budget)
-            if len(out) > max_decoded_bytes or inflater.unconsumed_tail:
-                raise IngestError(413, f"decoded body larger than {max_decoded_bytes} bytes")
+            while True:
+                step = min(max_decoded_bytes + 1 - len(out), _INFLATE_STEP)
+                chunk = inflater.decompress(remaining, step)
+                memory_reserve(len(chunk), "the inflated body")
+                out += chunk
+                if len(out) > max_decoded_bytes:
+                    raise IngestError(413, f"decoded body larger than {max_decoded_bytes} bytes")
+                remaining = inflater.unconsumed_tail
+                if not remaining or inflater.eof:
+                    break
             if not inflater.eof:
                 raise IngestError(400, "truncated gzip body")
             remaining = inflater.unused_data
@@ -158,6 +166,9 @@ def gunzip_bounded(data: bytes, max_decoded_bytes: int) -> bytes:
                 return bytes(out)
     except zlib.error:
         raise IngestError(400, "corrupt gzip body") from None
+
+
+_INFLATE_STEP = 1024 * 1024
 
 
 class GunzipReader:
@@ -211,6 +222,7 @@ def load_json(body: bytes, *, max_depth: int = DEFAULT_JSON_DEPTH) -> Any:
     The depth is measured on the text, after it parsed (so it is valid JSON), all
     in C-speed calls: see ``_too_deep``.
     """
+    memory_reserve(json_decode_cost(body), "the JSON body")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -290,13 +302,18 @@ def error_response(
 
 _gate_lock = threading.Lock()
 _gate_in_use = 0
+_memory_lock = threading.Lock()
+_memory_in_use = 0
+_request_memory = threading.local()  # .held: bytes this thread's request reserved; None outside the gate
 
 
 @contextmanager
 def ingest_gate() -> Iterator[None]:
     """Bound concurrent ingest requests in this process; past the bound answer 429
     with Retry-After so exporters back off instead of piling onto the database.
-    Database lock/operational errors inside become 503 with Retry-After (see
+    Inside, ``memory_reserve`` counts what the request decodes against the
+    process's ingest memory budget, released when the request ends. Database
+    lock/operational errors inside become 503 with Retry-After (see
     ``database_errors_as_busy``)."""
     global _gate_in_use
     limit = settings.OBSERVATORY_MAX_CONCURRENT_INGEST
@@ -304,12 +321,67 @@ def ingest_gate() -> Iterator[None]:
         if _gate_in_use >= limit:
             raise IngestError(429, "too many concurrent ingest requests", retry_after=1)
         _gate_in_use += 1
+    _request_memory.held = 0
     try:
         with database_errors_as_busy():
             yield
     finally:
+        _memory_release()
         with _gate_lock:
             _gate_in_use -= 1
+
+
+def memory_reserve(nbytes: int, what: str) -> None:
+    """Count ``nbytes`` that decoding is about to allocate against this process's
+    ingest memory budget (OBSERVATORY_INGEST_MEMORY_BYTES), before allocating them.
+
+    A request that alone would pass the budget is refused with 413 (it can never
+    fit: send smaller batches); one that fits but finds the budget taken by
+    requests in flight gets 503 with Retry-After. So a worker holds at most about
+    the budget in decoded ingest data, whatever its clients send. Outside
+    ``ingest_gate`` (management commands, the derivations) nothing is counted.
+    """
+    global _memory_in_use
+    held = getattr(_request_memory, "held", None)
+    if held is None or nbytes <= 0:
+        return
+    budget = settings.OBSERVATORY_INGEST_MEMORY_BYTES
+    if held + nbytes > budget:
+        raise IngestError(
+            413,
+            f"{what} would take about {(held + nbytes) // 2**20 + 1} MiB to decode, more than the "
+            f"{budget // 2**20} MiB one request may use: send smaller batches",
+        )
+    with _memory_lock:
+        if _memory_in_use + nbytes > budget:
+            raise IngestError(503, "ingest memory in use by other requests, retry later", retry_after=BUSY_RETRY_AFTER)
+        _memory_in_use += nbytes
+    _request_memory.held = held + nbytes
+
+
+def _memory_release() -> None:
+    global _memory_in_use
+    held = getattr(_request_memory, "held", None) or 0
+    _request_memory.held = None
+    with _memory_lock:
+        _memory_in_use -= held
+
+
+def memory_in_use() -> int:
+    """Bytes reserved by the ingest requests in flight in this process."""
+    return _memory_in_use
+
+
+# Measured with json.loads on OTLP attributes, records and number arrays: a value
+# takes up to ~135 bytes of objects, strings about twice their text.
+_JSON_BYTES_PER_VALUE = 140
+
+
+def json_decode_cost(body: bytes) -> int:
+    """What parsing ``body`` as JSON will allocate, estimated from the text at C
+    speed: twice its size plus a value's objects per comma, object or array."""
+    values = body.count(b",") + body.count(b"{") + body.count(b"[") + 1
+    return 2 * len(body) + _JSON_BYTES_PER_VALUE * values
 
 
 @contextmanager
