@@ -1,0 +1,204 @@
+"""Steady ingest for an hour: does the server keep up, derivations included, without
+growing?
+
+    .venv/bin/python -m benchmarks.bench_soak                      # 60 minutes, SQLite
+    .venv/bin/python -m benchmarks.bench_soak --short              # 10 minutes
+    .venv/bin/python -m benchmarks.bench_soak --db postgres --rate 20000
+
+A fresh database (SQLite in a temp data dir, or a private PostgreSQL cluster),
+gunicorn with deploy/gunicorn.conf.py and the embedded derivations, and
+--agents agents together offering --rate spans per second in mixed batch sizes
+(1,000, 512, 100 and 10 spans, a quarter GenAI tool spans naming a conversation)
+plus a batch of tool records after every four span batches, each batch retried
+like an exporter until acknowledged. A logged-in reader opens the overview,
+conversation list and tools page throughout.
+
+Every --window seconds a line: spans and records stored per second in the window
+(from the database), what the agents had acknowledged, the server's RSS (master +
+workers), page p95, and the derivation lag: for each acknowledged record batch,
+the seconds until its conversation's stored tool-call total covered it (p95 and
+max over the batches that became visible in the window). After the load: the
+seconds until rollups and links agree with the rows (benchmarks.load.divergence).
+
+Targets: lag p95 < 10 s, RSS < 400 MB and flat over the hour (the last window
+within 10 % of the first after warm-up), page p95 < 500 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from contextlib import nullcontext
+from pathlib import Path
+
+from benchmarks.bench_ingest import manage, private_postgres
+from benchmarks.load import (
+    Acknowledged,
+    Agent,
+    PageReader,
+    RssSampler,
+    Server,
+    conversation_tool_calls,
+    django_env,
+    percentile,
+    project_key_and_session,
+    setup_django,
+    wait_until_converged,
+)
+
+BATCH_SIZES = (1000, 512, 100, 10)
+
+
+class LagTracker:
+    """When each acknowledged record batch became visible in its conversation's total."""
+
+    def __init__(self, acknowledged: Acknowledged) -> None:
+        self.acknowledged = acknowledged
+        self.seen = 0  # acked_at entries folded into the cumulative lists
+        self.cumulative: dict[str, tuple[list[float], list[int]]] = defaultdict(lambda: ([], []))
+        self.visible_upto: dict[str, int] = defaultdict(int)  # index of the first not-yet-visible batch
+        self.lags: list[tuple[float, float]] = []  # (visible at, lag seconds)
+
+    def poll(self, project_id: int) -> None:
+        with self.acknowledged.lock:
+            new = self.acknowledged.acked_at[self.seen:]
+            self.seen += len(new)
+        for at, conversation, items in new:
+            times, totals = self.cumulative[conversation]
+            times.append(at)
+            totals.append((totals[-1] if totals else 0) + items)
+        pending = [c for c, (times, _) in self.cumulative.items() if self.visible_upto[c] < len(times)]
+        if not pending:
+            return
+        now = time.time()
+        stored = conversation_tool_calls(project_id, pending)
+        for conversation in pending:
+            times, totals = self.cumulative[conversation]
+            upto = bisect.bisect_right(totals, stored.get(conversation, 0))
+            for index in range(self.visible_upto[conversation], upto):
+                self.lags.append((now, now - times[index]))
+            self.visible_upto[conversation] = max(self.visible_upto[conversation], upto)
+
+    def window(self, since: float) -> list[float]:
+        return [lag for at, lag in self.lags if at >= since]
+
+
+def stored_counts(project_id: int) -> tuple[int, int]:
+    """Rows stored so far, from the highest ids (a COUNT(*) of millions of rows
+    would itself load the database every window)."""
+    from django.db.models import Max
+
+    from dashboard.observatory.models import Span, ToolExecution
+
+    spans = Span.objects.filter(project_id=project_id).aggregate(n=Max("id"))["n"] or 0
+    records = ToolExecution.objects.filter(project_id=project_id).aggregate(n=Max("id"))["n"] or 0
+    return spans, records
+
+
+def run(args: argparse.Namespace) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-soak-{args.db}-"))
+    try:
+        with private_postgres(workdir) if args.db == "postgres" else nullcontext("") as database_url:
+            env = django_env(workdir, database_url)
+            manage(env, "migrate", "--noinput")
+            setup_django(env)
+            project, key, session = project_key_and_session()
+            server = Server(env)
+            server.start()
+            try:
+                soak(server, project, key, session, args)
+            finally:
+                server.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def soak(server: Server, project, key: str, session: str, args: argparse.Namespace) -> None:
+    from django.db import close_old_connections
+
+    acknowledged = Acknowledged()
+    stop, stop_watch = threading.Event(), threading.Event()
+    per_agent = args.rate / args.agents
+    agents = [
+        Agent(server.port, key, acknowledged, span_batch_sizes=BATCH_SIZES[index % 4:] + BATCH_SIZES[:index % 4],
+              records_per_batch=50, records_every=4, seed=index)
+        for index in range(args.agents)
+    ]
+    reader = PageReader(server.port, session, project.slug)
+    sampler = RssSampler(server)
+    lag = LagTracker(acknowledged)
+    threads = [threading.Thread(target=agent.run, args=(stop,), kwargs={"spans_per_second": per_agent}) for agent in agents]
+    threads.append(threading.Thread(target=reader.run, args=(stop,), kwargs={"pause": 1.0}))
+    watcher = threading.Thread(target=sampler.run, args=(stop_watch,))
+    watcher.start()
+    for thread in threads:
+        thread.start()
+    print(f"{args.agents} agents offering {args.rate:,.0f} spans/s in batches of {BATCH_SIZES} + 50 records "
+          f"every 4 batches, for {args.seconds / 60:.0f} min on {args.db}; a line every {args.window:.0f} s", flush=True)
+    print(f"{'min':>5} {'spans/s':>8} {'records/s':>9} {'acked spans':>12} {'RSS MB':>7} {'page p95':>9} "
+          f"{'lag p95':>8} {'lag max':>8}", flush=True)
+    started = time.time()
+    window_start, last = started, stored_counts(project.pk)
+    rss_by_window, lag_all = [], []
+    try:
+        while time.time() - started < args.seconds:
+            time.sleep(min(2.0, max(0.0, started + args.seconds - time.time())))
+            close_old_connections()
+            lag.poll(project.pk)
+            if time.time() - window_start >= args.window or time.time() - started >= args.seconds:
+                now = time.time()
+                counts = stored_counts(project.pk)
+                seconds = now - window_start
+                lags = lag.window(window_start)
+                lag_all.extend(lags)
+                page_times = reader.times[:]
+                reader.times.clear()
+                rss = max((value for at, value in sampler.samples if at >= window_start), default=0.0)
+                rss_by_window.append(rss)
+                print(f"{(now - started) / 60:>5.1f} {(counts[0] - last[0]) / seconds:>8.0f} "
+                      f"{(counts[1] - last[1]) / seconds:>9.0f} {len(acknowledged.span_ids):>12,} {rss:>7.0f} "
+                      f"{percentile(page_times, 95) * 1000:>7.0f}ms {percentile(lags, 95):>7.1f}s "
+                      f"{max(lags, default=float('nan')):>7.1f}s", flush=True)
+                window_start, last = now, counts
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    converged, off = wait_until_converged(project.pk, timeout=args.converge_timeout)
+    stop_watch.set()
+    watcher.join()
+    warm = rss_by_window[1] if len(rss_by_window) > 2 else (rss_by_window[0] if rss_by_window else 0.0)
+    print(f"\nacknowledged {len(acknowledged.span_ids):,} spans and {len(acknowledged.tool_call_ids):,} records "
+          f"({acknowledged.retries} batches answered 429/503, {acknowledged.refused} refused "
+          f"{acknowledged.first_refusal}); lag p95 {percentile(lag_all, 95):.1f} s over {len(lag_all)} record batches")
+    print(f"server RSS: peak {sampler.peak:.0f} MB; after warm-up {warm:.0f} MB, last window "
+          f"{rss_by_window[-1] if rss_by_window else 0:.0f} MB")
+    print("rollups and links " + (f"agreed with the rows {converged:.1f} s after the load" if converged is not None
+                                  else f"did NOT agree with the rows within {args.converge_timeout:.0f} s: {off}"))
+    print("targets: lag p95 < 10 s, RSS < 400 MB and flat, page p95 < 500 ms")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--short", action="store_true", help="10 minutes")
+    parser.add_argument("--rate", type=float, default=20_000.0, help="spans per second offered, all agents together")
+    parser.add_argument("--agents", type=int, default=8)
+    parser.add_argument("--window", type=float, default=60.0, help="seconds per report line")
+    parser.add_argument("--converge-timeout", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    args.seconds = (10.0 if args.short else args.minutes) * 60
+    if args.seconds <= 0 or args.rate <= 0 or args.agents <= 0:
+        sys.exit("--minutes, --rate and --agents must be positive")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

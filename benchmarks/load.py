@@ -1,0 +1,447 @@
+"""What the fault and endurance benchmarks share: a real server under the deploy's
+gunicorn config that can be killed with SIGKILL and restarted, agents that send
+spans and records the way exporters do (retrying the same batch until it is
+acknowledged), a logged-in reader timing pages, a memory sampler, and the checks
+that say whether stored and derived data agree with what was acknowledged.
+
+Everything runs on 127.0.0.1 with bounded timeouts; every process started here is
+stopped by PID (``Server.stop``), also when a benchmark fails.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import secrets
+import signal
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from benchmarks.bench_ingest import GUNICORN, ROOT, free_port, process_tree
+
+REQUEST_TIMEOUT = 30  # seconds, one request
+TOOLS = ("search_orders", "fetch_invoice", "lookup_customer", "summarise", "web_search")
+
+
+def rss_mib(pids: list[int]) -> float:
+    """Resident memory now (VmRSS), summed over the processes."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+# --- the server -------------------------------------------------------------------
+
+
+class Server:
+    """gunicorn with deploy/gunicorn.conf.py (2 workers x 4 threads by default) on a
+    free loopback port, in its own process group so a SIGKILL takes all of it."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.env = {**env, "OBSERVATORY_BIND": f"127.0.0.1:{self.port}", "WEB_ACCESS_LOG": "/dev/null", "WEB_LOG_LEVEL": "warning"}
+        self.process: subprocess.Popen | None = None
+        self.log = tempfile.TemporaryFile()  # gunicorn's stderr, shown when it fails
+
+    def start(self, *, deadline: float = 60) -> float:
+        """Start and wait until it answers; returns the seconds that took."""
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            [GUNICORN, "-c", str(ROOT / "deploy" / "gunicorn.conf.py"), "dashboard.wsgi:application"],
+            cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True,
+        )
+        while time.monotonic() - started < deadline:
+            if self.process.poll() is not None:
+                self.log.seek(0)
+                raise SystemExit(f"gunicorn exited during start-up:\n{self.log.read()[-2000:].decode(errors='replace')}")
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                connection.request("GET", "/accounts/login/")
+                connection.getresponse().read()
+                connection.close()
+                return time.monotonic() - started
+            except OSError:
+                time.sleep(0.1)
+        raise SystemExit(f"gunicorn did not answer within {deadline} s")
+
+    def pids(self) -> list[int]:
+        return process_tree(self.process.pid) if self.process and self.process.poll() is None else []
+
+    def kill(self) -> None:
+        """SIGKILL to the master and every worker at once: nothing gets to clean up."""
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+
+
+# --- agents -----------------------------------------------------------------------
+
+
+@dataclass
+class Acknowledged:
+    """What the server acknowledged (HTTP 200), by the ids the agents generated."""
+
+    span_ids: set[str] = field(default_factory=set)
+    tool_call_ids: set[str] = field(default_factory=set)
+    batches: int = 0
+    retries: int = 0
+    connection_errors: int = 0
+    refused: int = 0  # 4xx other than 429: should stay 0
+    first_refusal: str = ""
+    acked_at: list[tuple[float, str, int]] = field(default_factory=list)  # (time, conversation, records) per batch
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Agent:
+    """One sender: alternates OTLP span batches (GenAI tool spans naming a
+    conversation, among plain spans) and record batches, each retried as an
+    exporter does (Retry-After on 429/503, a short pause after a connection error)
+    until acknowledged or the stop event is set."""
+
+    def __init__(self, port: int, key: str, acknowledged: Acknowledged, *, span_batch_sizes: tuple[int, ...],
+                 records_per_batch: int, seed: int, records_every: int = 1, conversations: int = 20) -> None:
+        self.port, self.key, self.acknowledged = port, key, acknowledged
+        self.span_batch_sizes, self.records_per_batch, self.records_every = span_batch_sizes, records_per_batch, records_every
+        self.random = random.Random(seed)
+        self.conversation_prefix = f"agent{seed}-conv"
+        self.conversations = conversations
+        self.connection: http.client.HTTPConnection | None = None
+
+    def run(self, stop: threading.Event, *, spans_per_second: float = 0.0) -> None:
+        """Send until ``stop``: span batches of the sizes in turn, a record batch after
+        every ``records_every`` of them; at most ``spans_per_second`` when given."""
+        turn = 0
+        while not stop.is_set():
+            started = time.monotonic()
+            size = self.span_batch_sizes[turn % len(self.span_batch_sizes)]
+            self._deliver(stop, *self._span_batch(size))
+            if self.records_per_batch and turn % self.records_every == self.records_every - 1:
+                self._deliver(stop, *self._record_batch())
+            turn += 1
+            if spans_per_second:
+                stop.wait(max(0.0, size / spans_per_second - (time.monotonic() - started)))
+        if self.connection:
+            self.connection.close()
+
+    def _conversation(self) -> str:
+        return f"{self.conversation_prefix}-{self.random.randrange(self.conversations)}"
+
+    def _span_batch(self, size: int) -> tuple[str, str, bytes, str, set[str], set[str], int]:
+        request = ExportTraceServiceRequest()
+        resource_spans = request.resource_spans.add()
+        resource_spans.resource.attributes.add(key="service.name", value=AnyValue(string_value="chaos-agent"))
+        spans = resource_spans.scope_spans.add().spans
+        conversation = self._conversation()
+        now = time.time_ns()
+        span_ids: set[str] = set()
+        trace_id = os.urandom(16)
+        for index in range(size):
+            span = spans.add()
+            if index % 16 == 0:
+                trace_id = os.urandom(16)
+            span.trace_id, span.span_id = trace_id, os.urandom(8)
+            span.name = "execute_tool" if index % 4 == 0 else "step"
+            span.kind = 1
+            span.start_time_unix_nano = now - 5_000_000 + index
+            span.end_time_unix_nano = now
+            if index % 4 == 0:
+                tool = TOOLS[index % len(TOOLS)]
+                span.name = f"execute_tool {tool}"
+                for key, value in (("gen_ai.conversation.id", conversation), ("gen_ai.tool.name", tool),
+                                   ("gen_ai.tool.call.id", f"span-call-{uuid.uuid4().hex}")):
+                    span.attributes.add(key=key, value=AnyValue(string_value=value))
+                span.attributes.add(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=100 + index))
+                if index % 40 == 0:
+                    span.status.code = 2
+                    span.attributes.add(key="error.type", value=AnyValue(string_value="timeout"))
+            span.attributes.add(key="code.function", value=AnyValue(string_value="run_tool"))
+            span_ids.add(span.span_id.hex())
+        return "/v1/traces", "application/x-protobuf", request.SerializeToString(), conversation, span_ids, set(), 0
+
+    def _record_batch(self) -> tuple[str, str, bytes, str, set[str], set[str], int]:
+        from pipeline import ToolExecutionResult, ToolResultRecord
+
+        conversation = self._conversation()
+        calls, records = set(), []
+        for index in range(self.records_per_batch):
+            call = f"rec-call-{uuid.uuid4().hex}"
+            calls.add(call)
+            record = ToolResultRecord(
+                conversation_id=conversation, tool_name=TOOLS[index % len(TOOLS)], parameters={"q": index},
+                model="gpt-4o",
+                result=ToolExecutionResult(
+                    tool_call_id=call, observation="ok " * 20, success=index % 10 != 0,
+                    error_type=None if index % 10 else "timeout", retry_count=index % 2,
+                    duration_ms=20.0 + index, observation_tokens=40,
+                ),
+            )
+            records.append(record.model_dump(mode="json"))
+        body = json.dumps({"records": records}).encode()
+        return "/api/v1/records", "application/json", body, conversation, set(), calls, len(calls)
+
+    def _deliver(self, stop: threading.Event, path: str, content_type: str, body: bytes, conversation: str,
+                 span_ids: set[str], calls: set[str], items: int) -> None:
+        headers = {"Content-Type": content_type, "Authorization": f"Bearer {self.key}"}
+        acknowledged = self.acknowledged
+        while not stop.is_set():
+            try:
+                if self.connection is None:
+                    self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT)
+                self.connection.request("POST", path, body=body, headers=headers)
+                response = self.connection.getresponse()
+                content = response.read()
+            except (OSError, http.client.HTTPException):
+                if self.connection:
+                    self.connection.close()
+                self.connection = None
+                with acknowledged.lock:
+                    acknowledged.connection_errors += 1
+                stop.wait(0.5)
+                continue
+            if response.status == 200 and path == "/api/v1/records" and json.loads(content).get("rejected"):
+                with acknowledged.lock:
+                    acknowledged.refused += 1
+                    acknowledged.first_refusal = acknowledged.first_refusal or f"rejected: {content[:200]!r}"
+                return
+            if response.status == 200:
+                with acknowledged.lock:
+                    acknowledged.span_ids |= span_ids
+                    acknowledged.tool_call_ids |= calls
+                    acknowledged.batches += 1
+                    if items:  # records: each is a tool call of the conversation
+                        acknowledged.acked_at.append((time.time(), conversation, items))
+                return
+            if response.status in (429, 503):
+                with acknowledged.lock:
+                    acknowledged.retries += 1
+                stop.wait(min(float(response.getheader("Retry-After", "1") or 1), 5.0))
+                continue
+            with acknowledged.lock:
+                acknowledged.refused += 1
+                acknowledged.first_refusal = acknowledged.first_refusal or f"{path}: {response.status} {content[:200]!r}"
+            return
+
+
+# --- a reader ---------------------------------------------------------------------
+
+
+class PageReader:
+    """A logged-in user opening the overview, the conversation list and the tools
+    page in turn; records each page's time (only answered pages count)."""
+
+    def __init__(self, port: int, session_cookie: str, slug: str) -> None:
+        self.port = port
+        self.headers = {"Cookie": f"sessionid={session_cookie}"}
+        self.paths = [f"/p/{slug}/", f"/p/{slug}/conversations/", f"/p/{slug}/tools/"]
+        self.times: list[float] = []
+        self.failures = 0
+        self.first_failure = ""
+
+    def run(self, stop: threading.Event, *, pause: float = 0.2) -> None:
+        turn = 0
+        while not stop.is_set():
+            path = self.paths[turn % len(self.paths)]
+            turn += 1
+            started = time.perf_counter()
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT)
+                connection.request("GET", path, headers=self.headers)
+                response = connection.getresponse()
+                response.read()
+                connection.close()
+                if response.status == 200:
+                    self.times.append(time.perf_counter() - started)
+                else:
+                    self.failures += 1
+                    self.first_failure = self.first_failure or f"{path}: {response.status}"
+            except (OSError, http.client.HTTPException):
+                self.failures += 1
+            stop.wait(pause)
+
+    def p95_ms(self) -> float:
+        return percentile(self.times, 95) * 1000
+
+
+def percentile(values: list[float], pct: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(pct) - 1]
+
+
+class RssSampler:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.samples: list[tuple[float, float]] = []
+
+    def run(self, stop: threading.Event, *, every: float = 0.5) -> None:
+        while not stop.is_set():
+            pids = self.server.pids()
+            if pids:
+                self.samples.append((time.time(), rss_mib(pids)))
+            stop.wait(every)
+
+    @property
+    def peak(self) -> float:
+        return max((rss for _, rss in self.samples), default=0.0)
+
+
+# --- the database side --------------------------------------------------------------
+
+
+def django_env(workdir: Path, database_url: str = "") -> dict[str, str]:
+    env = {
+        **os.environ,
+        "OBSERVATORY_DATA_DIR": str(workdir / "data"),
+        "SECRET_KEY": secrets.token_urlsafe(48),
+        "DEBUG": "0",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+    }
+    env.pop("CELERY_BROKER_URL", None)  # the embedded mode: derivations in the web process
+    if database_url:
+        env["DATABASE_URL"] = database_url
+    else:
+        env.pop("DATABASE_URL", None)
+    return env
+
+
+def setup_django(env: dict[str, str]) -> None:
+    """Point this process at the benchmark's database (same settings as the server)."""
+    os.environ.update({key: value for key, value in env.items() if key.startswith(("OBSERVATORY_", "DATABASE_", "SECRET_", "DEBUG", "ALLOWED_", "DJANGO_"))})
+    if "DATABASE_URL" not in env:
+        os.environ.pop("DATABASE_URL", None)
+    import django
+
+    django.setup()
+
+
+def project_key_and_session() -> tuple[Any, str, str]:
+    """A project, an ingest key and a logged-in member's session key."""
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.contrib.sessions.backends.db import SessionStore
+
+    from dashboard.accounts.services import apikey_create, membership_add, project_create
+
+    project = project_create(name=f"chaos-{secrets.token_hex(3)}")
+    user = get_user_model().objects.create_user(username=f"reader-{secrets.token_hex(3)}", password=secrets.token_urlsafe(16))
+    membership_add(project=project, user=user)
+    session = SessionStore()
+    session["_auth_user_id"] = str(user.pk)
+    session["_auth_user_backend"] = settings.AUTHENTICATION_BACKENDS[0]
+    session["_auth_user_hash"] = user.get_session_auth_hash()
+    session.create()
+    return project, apikey_create(project=project)[1], session.session_key
+
+
+def stored_ids(project_id: int) -> tuple[set[str], set[str], int, int]:
+    """(span ids, tool call ids, span rows, tool execution rows) stored for the project."""
+    from dashboard.observatory.models import Span, ToolExecution
+
+    spans = Span.objects.filter(project_id=project_id)
+    executions = ToolExecution.objects.filter(project_id=project_id)
+    span_ids = set(spans.values_list("span_id", flat=True).iterator(chunk_size=20_000))
+    calls = set(executions.values_list("tool_call_id", flat=True).iterator(chunk_size=20_000))
+    return span_ids, calls, spans.count(), executions.count()
+
+
+def divergence(project_id: int) -> dict[str, int]:
+    """How far derived data is from the rows: each count is 0 when converged.
+
+    - conversations whose stored tool call, error or message counts differ from a
+      recount of their rows;
+    - tool calls missing from (or extra in) the hourly rollups: a tool execution
+      counts once, a tool span once unless a tool execution describes it;
+    - tool spans naming a conversation and still unlinked to it;
+    - tool executions whose span is stored (same tool call id) and still unlinked.
+    """
+    from django.db.models import Count, Exists, OuterRef, Q, Sum
+
+    from dashboard.observatory.models import Conversation, Message, Span, ToolExecution, ToolHourlyRollup
+
+    executions = ToolExecution.objects.filter(project_id=project_id)
+    counted = {row["conversation_id"]: row for row in executions.values("conversation_id").order_by().annotate(
+        n=Count("id"), errors=Count("id", filter=Q(success=False)))}
+    messages = dict(Message.objects.filter(conversation__project_id=project_id).values("conversation_id").order_by()
+                    .annotate(n=Count("id")).values_list("conversation_id", "n"))
+    conversations_off = 0
+    for conversation in Conversation.objects.filter(project_id=project_id).values("id", "tool_calls", "messages"):
+        row = counted.get(conversation["id"], {"n": 0})
+        if conversation["tool_calls"] != row["n"] or conversation["messages"] != messages.get(conversation["id"], 0):
+            conversations_off += 1
+    described = executions.filter(tool_call_id=OuterRef("tool_call_id"))
+    tool_spans = Span.objects.filter(project_id=project_id).exclude(tool_name="")
+    undescribed = tool_spans.annotate(described=Exists(described)).filter(Q(described=False) | Q(tool_call_id="")).count()
+    rolled_up = ToolHourlyRollup.objects.filter(project_id=project_id).aggregate(n=Sum("calls"))["n"] or 0
+    unlinked_spans = tool_spans.exclude(conversation_key="").filter(conversation__isnull=True).count()
+    # The condition of the partial index on (project, tool_call_id), so the planner uses it.
+    spans_of_call = Span.objects.filter(project_id=project_id, tool_call_id=OuterRef("tool_call_id")).exclude(tool_call_id="")
+    unlinked_executions = executions.filter(linked_span__isnull=True).annotate(has=Exists(spans_of_call)).filter(has=True).count()
+    return {
+        "conversations": conversations_off,
+        "rollup_calls": abs(rolled_up - (executions.count() + undescribed)),
+        "unlinked_spans": unlinked_spans,
+        "unlinked_executions": unlinked_executions,
+    }
+
+
+def wait_until_converged(project_id: int, *, timeout: float, every: float = 1.0) -> tuple[float | None, dict[str, int]]:
+    """Seconds until ``divergence`` is all zeros (None past the timeout), and the last divergence."""
+    from django.db import close_old_connections
+
+    started = time.monotonic()
+    while True:
+        close_old_connections()
+        off = divergence(project_id)
+        if not any(off.values()):
+            return time.monotonic() - started, off
+        if time.monotonic() - started > timeout:
+            return None, off
+        time.sleep(every)
+
+
+def conversation_tool_calls(project_id: int, external_ids: list[str]) -> dict[str, int]:
+    """Stored tool-call totals of the named conversations (what the list page shows)."""
+    from dashboard.observatory.models import Conversation
+
+    rows = Conversation.objects.filter(project_id=project_id, external_id__in=external_ids)
+    return dict(rows.values_list("external_id", "tool_calls"))
+
+
+def acked_per_conversation(acknowledged: Acknowledged, *, before: float) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    with acknowledged.lock:
+        for at, conversation, items in acknowledged.acked_at:
+            if at <= before:
+                counts[conversation] += items
+    return counts
