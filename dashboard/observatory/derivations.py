@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any, Iterable
 
 from django.db import connections, router, transaction
 from django.db.models import Model
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, Sum
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from . import costs
@@ -260,8 +263,11 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
             .annotate(described=Exists(described))
             .filter(Q(described=False) | Q(tool_call_id=""))
         )
-        for span in span_only.values_list("tool_name", "duration_ms", "status_code", "attributes"):
-            _add_span(stats[span[0]], *span[1:])
+        # Five attribute values per span, extracted by the database, read in chunks:
+        # never the spans' whole attributes, never all of an hour's spans at once.
+        for span in span_only.annotate(**_SPAN_FACTS).values_list("tool_name", "duration_ms", "status_code",
+                                                                   *_SPAN_FACTS).iterator(chunk_size=_SPAN_CHUNK):
+            _add_span(stats[span[0]], span[1], span[2], dict(zip(_SPAN_FACT_KEYS, span[3:])))
 
         with transaction.atomic():
             ToolHourlyRollup.objects.filter(project_id=project_id, hour=start).exclude(
@@ -283,14 +289,31 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
     return written
 
 
+# The span attributes a tool rollup reads, extracted as scalars by the database
+# (SQLite's json_extract gives numbers and 1/0 for booleans, PostgreSQL's ->> text).
+_SPAN_FACT_KEYS = ("ba.retry_count", "ba.cache_hit", "error.type", "ba.output_level", "ba.observation_tokens")
+_SPAN_FACTS = {f"fact{i}": KeyTextTransform(key, "attributes") for i, key in enumerate(_SPAN_FACT_KEYS)}
+_SPAN_CHUNK = 2_000
+
+
+def _count(value: Any) -> int:
+    """A non-negative whole number from an extracted attribute value, else 0."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, str) and value.isdigit() and len(value) < 19:
+        return int(value)
+    return 0
+
+
 def _add_span(entry: dict[str, Any], duration_ms: float, status_code: int, attributes: Any) -> None:
     attributes = attributes if isinstance(attributes, dict) else {}
     failed = status_code == SPAN_STATUS_ERROR
     entry["calls"] += 1
     entry["successes" if not failed else "errors"] += 1
-    retries = attributes.get("ba.retry_count")
-    entry["retries"] += retries if isinstance(retries, int) and retries >= 0 else 0
-    entry["cache_hits"] += 1 if attributes.get("ba.cache_hit") is True else 0
+    entry["retries"] += _count(attributes.get("ba.retry_count"))
+    entry["cache_hits"] += 1 if attributes.get("ba.cache_hit") in (True, 1, "true", "1") else 0
     entry["duration_sum_ms"] += duration_ms or 0.0
     entry["latency_histogram"][bucket_index(duration_ms or 0.0)] += 1
     if failed:
@@ -298,30 +321,29 @@ def _add_span(entry: dict[str, Any], duration_ms: float, status_code: int, attri
         entry["error_types"][error_type] += 1
         entry["timeouts"] += 1 if error_type.lower() == "timeout" else 0
     level = attributes.get("ba.output_level")
-    tokens = attributes.get("ba.observation_tokens")
     if level in _LEVELS:
         entry[f"{level}_count"] += 1
-        entry[f"{level}_tokens"] += tokens if isinstance(tokens, int) and tokens >= 0 else 0
+        entry[f"{level}_tokens"] += _count(attributes.get("ba.observation_tokens"))
 
 
 def hours_with_rows(*, project_id: int, since: datetime) -> set[datetime]:
-    """The hours since ``since`` that have tool executions or tool spans."""
+    """The hours since ``since`` that have tool executions or tool spans (one
+    distinct hour per row group, truncated by the database: never the rows)."""
     from .services import hour_of
 
-    hours = {
-        hour_of(moment)
-        for moment in ToolExecution.objects.filter(project_id=project_id, occurred_at__gte=since)
-        .values_list("occurred_at", flat=True)
-    }
-    hours |= {
-        hour_of(moment)
-        for moment in Span.objects.filter(project_id=project_id, start_time__gte=since)
-        .exclude(tool_name="").values_list("start_time", flat=True)
-    }
+    utc = dt_timezone.utc
+    hours = set(
+        ToolExecution.objects.filter(project_id=project_id, occurred_at__gte=since)
+        .annotate(hour=TruncHour("occurred_at", tzinfo=utc)).values_list("hour", flat=True).distinct()
+    )
+    hours |= set(
+        Span.objects.filter(project_id=project_id, start_time__gte=since).exclude(tool_name="")
+        .annotate(hour=TruncHour("start_time", tzinfo=utc)).values_list("hour", flat=True).distinct()
+    )
     # Hours whose rows are gone still need their stale rollups removed.
     hours |= set(ToolHourlyRollup.objects.filter(project_id=project_id, hour__gte=hour_of(since))
                  .values_list("hour", flat=True))
-    return hours
+    return {hour_of(hour) for hour in hours}
 
 
 # --- links between spans and records ---------------------------------------------------

@@ -165,6 +165,30 @@ def test_it_counts_tool_spans_that_no_record_describes(project, records):
     assert (web.calls, web.errors, web.timeouts, web.retries, web.error_types) == (1, 1, 1, 1, {"timeout": 1})
 
 
+def test_it_reads_span_facts_of_every_json_type_like_the_rows_say(project, records):
+    # The rollup reads five attributes through the database's JSON extraction (SQLite
+    # and PostgreSQL differ in what they hand back); hostile types count as nothing.
+    at = records.now
+    facts = [
+        {"ba.retry_count": 2, "ba.cache_hit": True, "ba.output_level": "brief", "ba.observation_tokens": 40},
+        {"ba.retry_count": "3", "ba.cache_hit": "yes", "ba.output_level": "full", "ba.observation_tokens": -5},
+        {"ba.retry_count": -1, "ba.cache_hit": False, "ba.output_level": "<script>", "ba.observation_tokens": 10},
+        {"ba.retry_count": True, "ba.cache_hit": 1, "ba.output_level": "brief", "ba.observation_tokens": [1, 2]},
+        {"ba.retry_count": {"n": 1}, "error.type": {"nested": "x"}, "ba.observation_tokens": 10**30},
+        {},
+    ]
+    for index, attributes in enumerate(facts):
+        span(project, span_id=f"{index + 1:016x}", tool_name="probe", tool_call_id=f"call_{index}", start=at,
+             duration_ms=5.0, status_code=2 if index == 4 else 0, attributes=attributes)
+    tasks.tool_rollups_refresh(project.pk, [hour_of(at).isoformat()])
+    rollup = ToolHourlyRollup.objects.get(tool_name="probe")
+    assert (rollup.calls, rollup.errors, rollup.successes) == (6, 1, 5)
+    assert rollup.retries == 2 + 3  # an int and a digit string; bools, negatives, objects count 0
+    assert rollup.cache_hits == 2  # true and 1 (SQLite cannot tell them apart)
+    assert (rollup.brief_count, rollup.brief_tokens, rollup.full_count, rollup.full_tokens) == (2, 40, 1, 0)
+    assert sum(rollup.error_types.values()) == 1
+
+
 # --- links --------------------------------------------------------------------------------
 
 def test_it_links_tool_executions_and_spans_by_tool_call_id(project, records):
