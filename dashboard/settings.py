@@ -183,6 +183,8 @@ CELERY_TASK_EAGER_PROPAGATES = True
 # With no broker, derivations run on one background thread per process that merges
 # what ingest batches touched (dashboard/observatory/dispatch.py); under tests, inline.
 OBSERVATORY_DERIVE_DELAY_MS = env.env_int("OBSERVATORY_DERIVE_DELAY_MS", 500, minimum=0)
+# First wait before a failed derivation note is tried again (then doubling, parked after 5 tries).
+OBSERVATORY_DERIVE_RETRY_SECONDS = env.env_int("OBSERVATORY_DERIVE_RETRY_SECONDS", 2, minimum=0)
 OBSERVATORY_DERIVE_INLINE = env.env_bool("OBSERVATORY_DERIVE_INLINE", env.running_tests())
 CELERY_RESULT_BACKEND = env.env_str("CELERY_RESULT_BACKEND") or None
 CELERY_TASK_IGNORE_RESULT = True
@@ -190,6 +192,11 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 4
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
+    # Notes whose task message was lost (broker restart, a worker killed) are drained here.
+    "derivation-outbox": {
+        "task": "observatory.outbox_drain",
+        "schedule": 5.0,
+    },
     "tool-rollups-hourly": {
         "task": "observatory.rollup_recent_hours",
         "schedule": crontab(minute=5),

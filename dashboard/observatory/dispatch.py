@@ -1,18 +1,18 @@
-"""How derivation tasks leave the ingest request.
+"""How derivations leave the ingest request.
 
-With a broker, ``derive`` enqueues Celery tasks. With none (the embedded default),
-running them inside each request would make every batch pay for recomputing its
-conversations and hours; instead one background thread per process collects what
-batches touched, merges it, and runs the same idempotent tasks every
-``OBSERVATORY_DERIVE_DELAY_MS``. So a burst of 100 batches costs one rollup per
-(project, hour), not 100, and ingest answers as soon as its rows are committed.
+Ingest writes a DerivationNote in its own transaction (observatory.outbox); after
+the commit, ``notify`` makes sure something drains it soon: with a broker, a
+Celery task (and the beat drains every few seconds whatever a lost message left);
+with none (the embedded default), one background thread per web process that
+drains notes every ``OBSERVATORY_DERIVE_DELAY_MS`` after being woken and polls every
+``POLL_SECONDS`` anyway, so a burst of 100 batches costs one rollup per (project,
+hour), not 100, and notes left by a killed process are taken up after their lease.
 
 The thread also plays Celery beat's part (hourly rollups, daily retention purge),
-so the embedded default needs neither Redis nor cron. Work pending at exit is lost
-only until the next hourly pass recomputes the recent hours: tasks recompute from rows.
+so the embedded default needs neither Redis nor cron.
 
-Under a test runner (``OBSERVATORY_DERIVE_INLINE``, on by default there) the tasks
-run right after commit in the request, as Celery's eager mode would.
+Under a test runner (``OBSERVATORY_DERIVE_INLINE``, on by default there) the notes
+are drained right after commit in the request, as Celery's eager mode would.
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ import atexit
 import logging
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import close_old_connections, connections
@@ -31,24 +28,16 @@ from django.db import close_old_connections, connections
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _Pending:
-    conversation_ids: set[int] = field(default_factory=set)
-    hours: set[str] = field(default_factory=set)
-    artifact_ids: set[str] = field(default_factory=set)
-
-
 class DerivationRunner:
-    """Merges derivation requests and runs them on one daemon thread. A failed pass is
-    put back and tried again (up to MAX_RETRIES times in a row, waiting longer each time)."""
+    """Drains the outbox on one daemon thread: woken after commits, and every
+    POLL_SECONDS regardless (notes of a crashed process, notes waiting out a backoff)."""
 
-    MAX_RETRIES = 3
+    POLL_SECONDS = 5.0
 
     def __init__(self, *, delay_seconds: float, beat_interval_seconds: float = 60.0) -> None:
         self.delay_seconds = delay_seconds
         self.beat_interval_seconds = beat_interval_seconds
         self._lock = threading.Lock()
-        self._pending: dict[int, _Pending] = defaultdict(_Pending)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._idle = threading.Event()
@@ -56,23 +45,24 @@ class DerivationRunner:
         self._thread: threading.Thread | None = None
         self._last_hourly: float = 0.0  # monotonic time of the last hourly pass
         self._last_purge_day: str | None = None
-        self._failures = 0  # failed passes in a row
 
-    def submit(self, project_id: int, conversation_ids: Iterable[int], hours: Iterable[str],
-               artifact_ids: Iterable[str] = ()) -> None:
+    def start(self) -> None:
         with self._lock:
-            self._merge(project_id, conversation_ids, hours, artifact_ids)
+            self._ensure_thread()
+
+    def wake(self) -> None:
+        with self._lock:
             self._idle.clear()
             self._ensure_thread()
         self._wake.set()
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Run what is pending now; True when it was all done within ``timeout``."""
-        self._wake.set()
+        """Drain what is ready now; True when nothing was left ready within ``timeout``."""
+        self.wake()
         return self._idle.wait(timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Finish what is pending, then end the thread (waiting at most ``timeout`` for each)."""
+        """Finish what is ready, then end the thread (waiting at most ``timeout`` for each)."""
         self.flush(timeout)
         self._stop.set()
         self._wake.set()
@@ -86,44 +76,22 @@ class DerivationRunner:
             self._thread = threading.Thread(target=self._loop, name="observatory-derive", daemon=True)
             self._thread.start()
 
-    def _merge(self, project_id: int, conversation_ids: Iterable[int], hours: Iterable[str],
-               artifact_ids: Iterable[str]) -> None:
-        """Add work to what is pending (the caller holds the lock)."""
-        pending = self._pending[project_id]
-        pending.conversation_ids.update(conversation_ids)
-        pending.hours.update(hours)
-        pending.artifact_ids.update(artifact_ids)
-
-    def _requeue(self, work: dict[int, _Pending]) -> None:
-        with self._lock:
-            for project_id, pending in work.items():
-                self._merge(project_id, pending.conversation_ids, pending.hours, pending.artifact_ids)
-        self._wake.set()
-
-    def _take(self) -> dict[int, _Pending]:
-        with self._lock:
-            taken, self._pending = self._pending, defaultdict(_Pending)
-            return taken
-
     def _loop(self) -> None:
+        from .outbox import notes_ready, outbox_drain_all
+
         while not self._stop.is_set():
-            self._wake.wait(timeout=self.beat_interval_seconds)
+            woken = self._wake.wait(timeout=self.POLL_SECONDS)
             self._wake.clear()
             if self._stop.is_set():
                 break
-            # Let a burst of batches pile up; wait longer after failed passes.
-            time.sleep(self.delay_seconds * (1 + self._failures))
-            work = self._take()
+            if woken:
+                time.sleep(self.delay_seconds)  # let a burst of batches pile up
             try:
-                self._run(work)
-                self._failures = 0
-            except Exception:  # never let the thread die
-                self._failures += 1
-                logger.exception("derivation pass failed (%d in a row)", self._failures)
-                if self._failures <= self.MAX_RETRIES:
-                    self._requeue(work)  # tasks recompute from rows: running them again is safe
-                else:
-                    self._failures = 0  # leave this work to the hourly pass; new work starts afresh
+                outbox_drain_all()  # failures are contained per note there
+                left = notes_ready()
+            except Exception:  # the database is away: the next poll tries again
+                logger.exception("draining the derivation outbox failed")
+                left = True
             try:
                 self._beat()
             except Exception:  # a failed hourly or daily job runs again at its next time
@@ -133,22 +101,8 @@ class DerivationRunner:
                 connections.close_all()
             except Exception:  # nothing may end the thread
                 logger.exception("closing the derivation thread's connections failed")
-            with self._lock:
-                if not self._pending:
-                    self._idle.set()
-
-    def _run(self, work: dict[int, _Pending]) -> None:
-        from . import tasks
-
-        for project_id, pending in work.items():
-            if pending.conversation_ids:
-                ids = sorted(pending.conversation_ids)
-                tasks.links_refresh(project_id, ids)
-                tasks.conversation_totals_refresh(ids)
-            if pending.hours:
-                tasks.tool_rollups_refresh(project_id, sorted(pending.hours))
-            if pending.artifact_ids:
-                tasks.links_refresh(project_id, None, sorted(pending.artifact_ids))
+            if not left and not self._wake.is_set():
+                self._idle.set()
 
     def _beat(self) -> None:
         from django.utils import timezone
@@ -178,17 +132,22 @@ def runner() -> DerivationRunner:
         return _runner
 
 
-def derive(project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str]) -> None:
-    """Called after commit: hand the work to Celery, to the in-process runner, or run it now."""
+def notify() -> None:
+    """After a commit that wrote a note: have it drained soon (see the module doc)."""
     from . import tasks
 
-    if not settings.CELERY_TASK_ALWAYS_EAGER or settings.OBSERVATORY_DERIVE_INLINE:
-        if conversation_ids:
-            tasks.links_refresh.delay(project_id, conversation_ids)
-            tasks.conversation_totals_refresh.delay(conversation_ids)
-        if hours:
-            tasks.tool_rollups_refresh.delay(project_id, hours)
-        if artifact_ids:
-            tasks.links_refresh.delay(project_id, None, artifact_ids)
-        return
-    runner().submit(project_id, conversation_ids, hours, artifact_ids)
+    if settings.OBSERVATORY_DERIVE_INLINE and settings.CELERY_TASK_ALWAYS_EAGER:
+        from .outbox import outbox_drain_all
+
+        outbox_drain_all()
+    elif not settings.CELERY_TASK_ALWAYS_EAGER:
+        tasks.outbox_drain.delay()
+    else:
+        runner().wake()
+
+
+def start_background() -> None:
+    """In a web process of the embedded mode: start draining now, so notes left by a
+    killed process are derived even if no request comes."""
+    if settings.CELERY_TASK_ALWAYS_EAGER and not settings.OBSERVATORY_DERIVE_INLINE:
+        runner().start()

@@ -488,3 +488,34 @@ class UsageHourlyRollup(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["project", "hour", "model"], name="usage_rollup_unique"),
         ]
+
+
+class DerivationNote(models.Model):
+    """Work to derive, written in the same transaction as the rows it is about (an
+    outbox): conversations whose totals and links to refresh, hours whose tool
+    rollups to recompute, artifacts to link. Drained by the web process's runner or
+    the Celery workers (observatory.outbox); a note is deleted only after its work
+    committed, so a crash at any moment leaves it to be drained again (the work is
+    idempotent). A note that keeps failing is split down to one conversation or
+    hour, retried with backoff, and finally parked for an admin to look at.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
+    conversation_ids = models.JSONField(default=list)
+    hours = models.JSONField(default=list)  # ISO starts of hours
+    artifact_ids = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now)
+    available_at = models.DateTimeField(default=timezone.now)  # not drained before (backoff)
+    claimed_until = models.DateTimeField(null=True, blank=True)  # a drainer's lease
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    parked = models.BooleanField(default=False)  # failed too often: waits for an admin
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["parked", "available_at"], name="note_ready"),
+            models.Index(fields=["project"], name="note_project"),
+        ]
+
+    def __str__(self) -> str:
+        return f"note {self.pk}: {len(self.conversation_ids)} conversations, {len(self.hours)} hours"

@@ -419,23 +419,23 @@ def derivations_enqueue(
     hours: Iterable[datetime] = (),
     artifact_ids: Iterable[str] = (),
 ) -> None:
-    """After the current transaction commits, run the derivation tasks for what a
-    write touched: conversation totals, hourly tool rollups, links between spans,
-    records and artifacts. Records, OTLP spans and artifact uploads all come here."""
-    from .dispatch import derive
+    """Record the derivations a write needs: conversation totals, hourly tool
+    rollups, links between spans, records and artifacts. Records, OTLP spans and
+    artifact uploads all come here, inside the transaction that stores their rows:
+    the note (observatory.outbox) commits with them or not at all, so a crash never
+    loses derivations of acknowledged rows. After the commit the drainer is told."""
+    from .dispatch import notify
+    from .outbox import note_write
 
     conversation_list = sorted(set(conversation_ids))
     hour_list = sorted({hour_of(hour).isoformat() for hour in hours})
     artifact_list = sorted(set(artifact_ids))
     if not conversation_list and not hour_list and not artifact_list:
         return
-
-    def enqueue() -> None:
-        derive(project_id, conversation_list, hour_list, artifact_list)
-
-    # robust: the batch is committed; a failing enqueue (broker down, an eager task
-    # error) is logged and left to the hourly beat, never turned into a 500.
-    transaction.on_commit(enqueue, robust=True)
+    note_write(project_id=project_id, conversation_ids=conversation_list, hours=hour_list, artifact_ids=artifact_list)
+    # robust: the batch and its note are committed; a failing notification (broker
+    # down, an eager task error) is logged and the note drained by the next poll.
+    transaction.on_commit(notify, robust=True)
 
 
 # --- artifacts --------------------------------------------------------------------

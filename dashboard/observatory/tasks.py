@@ -42,6 +42,15 @@ def links_refresh(
     return counts
 
 
+@shared_task(name="observatory.outbox_drain")
+def outbox_drain() -> dict[str, int]:
+    """Drain the derivation outbox (after commits, and every few seconds by beat)."""
+    from .outbox import outbox_drain_all
+
+    outcome = outbox_drain_all()
+    return {"notes": outcome.notes, "failed": outcome.failed, "parked": outcome.parked}
+
+
 @shared_task(name="observatory.rollup_recent_hours")
 def rollup_recent_hours(hours_back: int = 3) -> int:
     """Beat, hourly: recompute the last few hours of every project, catching spans

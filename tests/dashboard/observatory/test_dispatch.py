@@ -83,9 +83,11 @@ def test_it_keeps_running_after_a_failing_pass(client, auth, records, background
     assert Conversation.objects.get().messages == 2
 
 
-def test_it_gives_up_on_work_that_keeps_failing(client, auth, records, background, monkeypatch):
-    from dashboard.observatory import tasks
+def test_it_parks_work_that_keeps_failing_with_its_error(client, auth, records, background, monkeypatch, settings):
+    from dashboard.observatory import outbox, tasks
+    from dashboard.observatory.models import DerivationNote
 
+    settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 0
     calls = {"n": 0}
 
     def broken(ids):
@@ -95,7 +97,15 @@ def test_it_gives_up_on_work_that_keeps_failing(client, auth, records, backgroun
     monkeypatch.setattr(tasks, "conversation_totals_refresh", broken)
     post(client, auth, [records.message()])
     assert dispatch.runner().flush(timeout=20)
-    assert calls["n"] == 1 + dispatch.DerivationRunner.MAX_RETRIES
+    note = DerivationNote.objects.get()
+    assert note.parked and note.attempts == outbox.MAX_ATTEMPTS
+    assert "a bug, not a passing fault" in note.last_error
+    assert calls["n"] == 2 * outbox.MAX_ATTEMPTS  # each pass: merged, then alone
+    monkeypatch.undo()
+    outbox.notes_retry(ids=[note.pk])  # the admin's "retry now", once the bug is fixed
+    assert dispatch.runner().flush(timeout=20)
+    assert not DerivationNote.objects.exists()
+    assert Conversation.objects.get().messages == 1
 
 
 def test_it_links_an_uploaded_artifact_on_the_background_thread(client, auth, records, background):

@@ -1,0 +1,182 @@
+"""The derivation outbox: notes written with the rows, drained until done.
+
+``derivations_enqueue`` (services) writes a DerivationNote in the ingest
+transaction, so work to derive is exactly as durable as the rows: a ``kill -9``
+after the commit loses nothing, before it loses both. ``outbox_drain`` claims ready
+notes under a short lease (``SELECT … FOR UPDATE SKIP LOCKED`` on PostgreSQL; on
+SQLite the claiming transaction holds the write lock), merges them per project so a
+burst of batches costs one pass, runs the idempotent derivations, and deletes the
+notes. A drainer that dies mid-pass leaves its notes to be claimed again when the
+lease ends.
+
+Failures are contained: when a merged pass fails, each note is derived on its own;
+a failing note with several conversations or hours is split into one note per
+conversation and per hour, so one poisonous conversation never holds back another;
+a single-item note that fails waits (backoff doubling from
+OBSERVATORY_DERIVE_RETRY_SECONDS) and after MAX_ATTEMPTS is parked with its error
+for an admin (``admin/observatory/derivationnote``, "retry now").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterable
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from .models import DerivationNote
+
+logger = logging.getLogger(__name__)
+
+NOTE_BATCH = 500  # notes one pass claims
+LEASE = timedelta(seconds=30)  # a pass takes well under this; past it another drainer may take over
+MAX_ATTEMPTS = 5
+ERROR_LENGTH = 2000
+
+
+@dataclass
+class DrainOutcome:
+    notes: int = 0  # notes done (deleted)
+    failed: int = 0  # notes that failed this pass (split, delayed or parked)
+    parked: int = 0
+
+
+def note_write(*, project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str]) -> None:
+    """Record work to derive; call it inside the transaction that stores the rows."""
+    DerivationNote.objects.create(
+        project_id=project_id, conversation_ids=conversation_ids, hours=hours, artifact_ids=artifact_ids
+    )
+
+
+def _ready(now) -> Q:
+    return Q(parked=False, available_at__lte=now) & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+
+
+def notes_ready() -> bool:
+    return DerivationNote.objects.filter(_ready(timezone.now())).exists()
+
+
+def notes_claim(*, limit: int = NOTE_BATCH) -> list[DerivationNote]:
+    """Ready notes, oldest first, leased to this drainer (their attempts counted now,
+    so a note whose pass kills the process still ends up parked)."""
+    now = timezone.now()
+    with transaction.atomic():
+        ids = list(
+            DerivationNote.objects.filter(_ready(now)).order_by("id")
+            .select_for_update(skip_locked=True).values_list("id", flat=True)[:limit]
+        )
+        if not ids:
+            return []
+        DerivationNote.objects.filter(id__in=ids).update(claimed_until=now + LEASE, attempts=F("attempts") + 1)
+    return list(DerivationNote.objects.filter(id__in=ids).order_by("id"))
+
+
+def outbox_drain(*, limit: int = NOTE_BATCH) -> DrainOutcome:
+    """One pass: claim ready notes, derive them per project, delete what is done."""
+    outcome = DrainOutcome()
+    notes = notes_claim(limit=limit)
+    by_project: dict[int, list[DerivationNote]] = defaultdict(list)
+    for note in notes:
+        by_project[note.project_id].append(note)
+    for project_id, group in by_project.items():
+        try:
+            _derive(project_id, *_merged(group))
+        except Exception:
+            logger.warning("derivation pass of %d notes of project %d failed; deriving them one by one",
+                           len(group), project_id, exc_info=True)
+            for note in group:
+                _derive_alone(note, outcome)
+            continue
+        DerivationNote.objects.filter(id__in=[note.pk for note in group]).delete()
+        outcome.notes += len(group)
+    return outcome
+
+
+def outbox_drain_all(*, passes: int = 100) -> DrainOutcome:
+    """Drain until nothing is ready (bounded by ``passes``)."""
+    total = DrainOutcome()
+    for _ in range(passes):
+        outcome = outbox_drain()
+        total.notes += outcome.notes
+        total.failed += outcome.failed
+        total.parked += outcome.parked
+        if not outcome.notes and not outcome.failed:
+            break
+    return total
+
+
+def notes_retry(*, ids: Iterable[int]) -> int:
+    """Make parked or waiting notes ready again now (the admin's "retry now")."""
+    return DerivationNote.objects.filter(id__in=list(ids)).update(
+        parked=False, available_at=timezone.now(), claimed_until=None, attempts=0
+    )
+
+
+def _merged(notes: list[DerivationNote]) -> tuple[list[int], list[str], list[str]]:
+    conversations: set[int] = set()
+    hours: set[str] = set()
+    artifacts: set[str] = set()
+    for note in notes:
+        conversations.update(note.conversation_ids)
+        hours.update(note.hours)
+        artifacts.update(note.artifact_ids)
+    return sorted(conversations), sorted(hours), sorted(artifacts)
+
+
+def _derive(project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str]) -> None:
+    from . import tasks
+
+    if conversation_ids:
+        tasks.links_refresh(project_id, conversation_ids)
+        tasks.conversation_totals_refresh(conversation_ids)
+    if hours:
+        tasks.tool_rollups_refresh(project_id, hours)
+    if artifact_ids:
+        tasks.links_refresh(project_id, None, artifact_ids)
+
+
+def _derive_alone(note: DerivationNote, outcome: DrainOutcome) -> None:
+    try:
+        _derive(note.project_id, *_merged([note]))
+    except Exception as exc:
+        outcome.failed += 1
+        _failed(note, exc, outcome)
+        return
+    note.delete()
+    outcome.notes += 1
+
+
+def _failed(note: DerivationNote, exc: Exception, outcome: DrainOutcome) -> None:
+    """Split a note of several items into one note each; delay or park a single one."""
+    error = f"{type(exc).__name__}: {exc}"[:ERROR_LENGTH]
+    items = (
+        [dict(conversation_ids=[c]) for c in note.conversation_ids]
+        + [dict(hours=[h]) for h in note.hours]
+        + [dict(artifact_ids=[a]) for a in note.artifact_ids]
+    )
+    if len(items) > 1:
+        with transaction.atomic():
+            DerivationNote.objects.bulk_create(
+                DerivationNote(project_id=note.project_id, attempts=note.attempts, last_error=error, **item)
+                for item in items
+            )
+            note.delete()
+        return
+    parked = note.attempts >= MAX_ATTEMPTS
+    delay = settings.OBSERVATORY_DERIVE_RETRY_SECONDS * 2 ** max(note.attempts - 1, 0)
+    DerivationNote.objects.filter(pk=note.pk).update(
+        last_error=error, parked=parked, claimed_until=None,
+        available_at=timezone.now() + timedelta(seconds=delay),
+    )
+    if parked:
+        outcome.parked += 1
+        logger.error("derivation note %d parked after %d attempts: %s", note.pk, note.attempts, error)
+    else:
+        logger.warning("derivation note %d failed (attempt %d), retried in %.0f s: %s",
+                       note.pk, note.attempts, delay, error)

@@ -1,0 +1,119 @@
+"""The derivation outbox (dashboard.observatory.outbox): notes committed with the rows,
+drained idempotently, claimed under a lease, failures contained per conversation."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from dashboard.observatory import outbox, tasks
+from dashboard.observatory.models import Conversation, DerivationNote, ToolHourlyRollup
+from dashboard.observatory.services import derivations_enqueue
+
+pytestmark = pytest.mark.django_db
+
+
+def post(client, auth, batch):
+    response = client.post("/api/v1/records", json.dumps({"records": batch}), content_type="application/json", **auth)
+    assert response.status_code == 200, response.content
+
+
+@pytest.fixture
+def crash_after_commit(settings, monkeypatch):
+    """The process dies right after the ingest commit: the drainer is never told."""
+    from dashboard.observatory import dispatch
+
+    monkeypatch.setattr(dispatch, "notify", lambda: None)
+
+
+def test_it_commits_the_note_with_the_rows_and_derives_it_later(client, auth, records, crash_after_commit):
+    post(client, auth, [records.tool_result(conversation="a"), records.message(conversation="a")])
+    conversation = Conversation.objects.get()
+    assert conversation.tool_calls == 0  # nothing derived: the process "died"
+    assert DerivationNote.objects.count() == 1
+    outcome = outbox.outbox_drain_all()  # a drainer after the restart
+    assert outcome.notes == 1
+    conversation.refresh_from_db()
+    assert (conversation.tool_calls, conversation.messages) == (1, 1)
+    assert ToolHourlyRollup.objects.get().calls == 1
+    assert not DerivationNote.objects.exists()
+
+
+def test_it_writes_no_note_when_the_rows_roll_back(project):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        derivations_enqueue(project_id=project.pk, conversation_ids=[1])
+        raise RuntimeError("the batch failed")
+    assert not DerivationNote.objects.exists()
+
+
+def test_it_writes_nothing_for_nothing(project):
+    derivations_enqueue(project_id=project.pk)
+    assert not DerivationNote.objects.exists()
+
+
+def test_it_gives_the_same_rows_when_a_note_is_drained_twice(client, auth, records, crash_after_commit):
+    post(client, auth, [records.tool_result(conversation="a"), records.tool_result(conversation="a", success=False)])
+    note = DerivationNote.objects.get()
+    copy = DerivationNote.objects.create(project_id=note.project_id, conversation_ids=note.conversation_ids,
+                                         hours=note.hours)
+    outbox.outbox_drain_all()
+    first = list(Conversation.objects.values_list("tool_calls", "errors"))
+    DerivationNote.objects.create(project_id=copy.project_id, conversation_ids=copy.conversation_ids, hours=copy.hours)
+    outbox.outbox_drain_all()
+    assert list(Conversation.objects.values_list("tool_calls", "errors")) == first == [(2, 1)]
+    assert ToolHourlyRollup.objects.get().calls == 2
+
+
+def test_it_leaves_a_leased_note_to_its_drainer_until_the_lease_ends(client, auth, records, crash_after_commit):
+    post(client, auth, [records.message()])
+    claimed = outbox.notes_claim()  # a drainer that is then killed mid-pass
+    assert len(claimed) == 1 and claimed[0].attempts == 1
+    assert outbox.notes_claim() == []  # leased: no second drainer takes it
+    DerivationNote.objects.update(claimed_until=timezone.now() - timedelta(seconds=1))  # the lease ran out
+    assert outbox.outbox_drain_all().notes == 1
+    assert Conversation.objects.get().messages == 1
+
+
+def test_it_isolates_a_failing_conversation_from_the_others(client, auth, records, crash_after_commit, monkeypatch,
+                                                            settings):
+    settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 0
+    post(client, auth, [records.message(conversation="good"), records.message(conversation="poison"),
+                        records.message(conversation="also-good")])
+    poison = Conversation.objects.get(external_id="poison").pk
+    real = tasks.conversation_totals_refresh
+
+    def fails_on_poison(ids):
+        if poison in ids:
+            raise ValueError("year 1 BC")
+        return real(ids)
+
+    monkeypatch.setattr(tasks, "conversation_totals_refresh", fails_on_poison)
+    outbox.outbox_drain_all()
+    totals = dict(Conversation.objects.values_list("external_id", "messages"))
+    assert totals == {"good": 1, "also-good": 1, "poison": 0}
+    parked = DerivationNote.objects.get()
+    assert parked.conversation_ids == [poison] and parked.parked
+    assert "year 1 BC" in parked.last_error
+
+
+def test_it_waits_before_retrying_a_failed_note(client, auth, records, crash_after_commit, monkeypatch, settings):
+    settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 60
+    post(client, auth, [records.message()])
+    monkeypatch.setattr(tasks, "conversation_totals_refresh", lambda ids: 1 / 0)
+    outcome = outbox.outbox_drain_all()
+    assert outcome.failed == 1 and outcome.parked == 0
+    note = DerivationNote.objects.get()
+    assert note.available_at > timezone.now() + timedelta(seconds=50)
+    assert outbox.outbox_drain_all().failed == 0  # not ready yet: not tried again
+
+
+def test_it_drains_the_notes_of_every_project_apart(client, auth, other_auth, records, crash_after_commit):
+    post(client, auth, [records.message(conversation="mine")])
+    post(client, other_auth, [records.message(conversation="theirs")])
+    assert outbox.outbox_drain_all().notes == 2
+    assert sorted(Conversation.objects.values_list("project__name", "external_id", "messages")) == sorted(
+        (c.project.name, c.external_id, 1) for c in Conversation.objects.select_related("project"))
