@@ -103,7 +103,9 @@ def test_it_finds_spans_by_many_tool_call_ids_through_the_partial_index(project)
     calls = {f"call_{i}" for i in range(MANY)}
     by_call, by_trace = derivations._spans_by_calls_or_traces(Span.objects.filter(project=project), calls, {"f" * 32})
     assert index_used(by_call, "span_project_tool_call")
-    assert index_used(by_trace, "span_unique")
+    # By trace: the unique index leads with (project, trace_id); on a tiny table
+    # PostgreSQL may as well pick another index whose condition has trace_id.
+    assert index_used(by_trace, "span_unique") or re.search(r"USING INDEX \S+ \(.*trace_id", plan_of(by_trace))
     assert [s.tool_call_id for s in by_call] == ["call_1"]
 
 
