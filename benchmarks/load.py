@@ -445,3 +445,28 @@ def acked_per_conversation(acknowledged: Acknowledged, *, before: float) -> dict
             if at <= before:
                 counts[conversation] += items
     return counts
+
+
+def check(project_id: int, acknowledged_file: Path) -> dict[str, Any]:
+    """Compare the stored rows with the acknowledged ids in ``acknowledged_file`` (JSON
+    ``{"span_ids": [...], "tool_call_ids": [...]}``) and measure ``divergence``."""
+    acked = json.loads(acknowledged_file.read_text())
+    span_ids, calls, span_rows, execution_rows = stored_ids(project_id)
+    return {
+        "lost_spans": len(set(acked["span_ids"]) - span_ids),
+        "lost_records": len(set(acked["tool_call_ids"]) - calls),
+        "duplicate_spans": span_rows - len(span_ids),
+        "duplicate_records": execution_rows - len(calls),
+        "divergence": divergence(project_id),
+    }
+
+
+if __name__ == "__main__":
+    # python -m benchmarks.load check PROJECT_ID ACKED.json: for a caller configured for
+    # another database (the crash test); the environment names this one.
+    import sys
+
+    import django
+
+    django.setup()
+    print(json.dumps(check(int(sys.argv[2]), Path(sys.argv[3]))))
