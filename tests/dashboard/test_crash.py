@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
-import pytest
 
 from benchmarks.bench_ingest import create_project_and_key, manage
 from benchmarks.load import Acknowledged, Agent, Server, django_env
