@@ -85,14 +85,19 @@ def _load_and_kill(server: Server, project, key: str, session: str, args: argpar
     watcher.start()
     for thread in threads:
         thread.start()
-    time.sleep(args.seconds * args.kill_at)
-    say(f"{db}: SIGKILL after {acknowledged.batches} batches")
-    server.kill()
-    killed_at = time.monotonic()
-    time.sleep(args.down)
-    restart_seconds = server.start()
-    restarted_at = time.monotonic()
-    time.sleep(max(0.0, args.seconds * (1 - args.kill_at) - args.down))
+    if args.no_kill:  # the load alone: page times and memory under it
+        time.sleep(args.seconds)
+        killed_at = restarted_at = time.monotonic()
+        restart_seconds = 0.0
+    else:
+        time.sleep(args.seconds * args.kill_at)
+        say(f"{db}: SIGKILL after {acknowledged.batches} batches")
+        server.kill()
+        killed_at = time.monotonic()
+        time.sleep(args.down)
+        restart_seconds = server.start()
+        restarted_at = time.monotonic()
+        time.sleep(max(0.0, args.seconds * (1 - args.kill_at) - args.down))
     stop.set()
     for thread in threads:
         thread.join(timeout=60)
@@ -144,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spans-per-batch", type=int, default=512)
     parser.add_argument("--records-per-batch", type=int, default=100)
     parser.add_argument("--converge-timeout", type=float, default=120.0)
+    parser.add_argument("--no-kill", action="store_true", help="load only: no SIGKILL, no outage")
     parser.add_argument("--json", action="store_true", help="print one JSON line (used for --db both)")
     args = parser.parse_args(argv)
 

@@ -41,6 +41,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "dashboard.middleware.RejectNulBytesMiddleware",
     "dashboard.middleware.IngestFastPathMiddleware",  # agents' endpoints stop here
+    "dashboard.priority.PagePriorityMiddleware",  # ingest steps aside while a page runs
     # Static files from the app itself, so gunicorn alone serves a complete dashboard.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

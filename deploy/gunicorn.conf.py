@@ -4,9 +4,11 @@ import multiprocessing
 import os
 
 bind = os.environ.get("OBSERVATORY_BIND", "127.0.0.1:8000")
-# Ingest is mostly database-bound: a few processes with threads each keep both cores busy
-# while one thread waits on a commit.
-workers = int(os.environ.get("WEB_CONCURRENCY", max(2, multiprocessing.cpu_count())))
+# Two processes a core, four threads each: ingest is mostly database-bound, and a
+# page waits behind the requests queued in its own process, so more, shorter queues
+# keep pages fast under ingest (16 senders on 2 cores: page p95 0.22 s with 4
+# processes, 0.46-0.61 s with 2; benchmarks/bench_chaos.py --no-kill).
+workers = int(os.environ.get("WEB_CONCURRENCY", max(2, 2 * multiprocessing.cpu_count())))
 worker_class = "gthread"
 threads = int(os.environ.get("WEB_THREADS", "4"))
 timeout = int(os.environ.get("WEB_TIMEOUT", "30"))

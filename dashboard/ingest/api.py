@@ -25,6 +25,7 @@ from pydantic import TypeAdapter
 
 from dashboard import converters  # noqa: F401  (registers artifact_id)
 from dashboard.observatory.services import artifact_store, derivations_enqueue, records_store
+from dashboard.priority import yield_to_pages
 from dashboard.tuning.services import config_body_and_etag, effective_config
 from pipeline import IngestResponse, Record, RecordSchemaError, parse_record
 
@@ -43,6 +44,7 @@ RECORDS_JSON_DEPTH = 32
 SHA256_PATTERN = re.compile(r"^[0-9a-fA-F]{64}$")
 CONTENT_TYPE_PATTERN = re.compile(r"^[A-Za-z0-9!#$&^_.+-]{1,64}/[A-Za-z0-9!#$&^_.+-]{1,64}(\s*;[ -~]{0,120})?$")
 ERROR_LENGTH = 300
+_YIELD_EVERY = 100  # records validated between two chances for a page to take the CPU
 
 
 
@@ -128,6 +130,7 @@ def post_records(request: HttpRequest) -> dict[str, Any]:
         items = _record_items(load_json(body, max_depth=RECORDS_JSON_DEPTH))
         memory_reserve(json_decode_cost(body), "the records")  # the validated models
         valid, rejected = records_validate(items)
+        yield_to_pages()  # not inside the transaction: on SQLite it holds the write lock
         with transaction.atomic():
             outcome = records_store(project=project, records=valid)
             derivations_enqueue(
@@ -147,6 +150,8 @@ def records_validate(items: list[Any]) -> tuple[list[Any], list[dict[str, Any]]]
     valid, rejected = [], []
     earliest, latest = timestamp_bounds()
     for index, item in enumerate(items):
+        if index % _YIELD_EVERY == 0:
+            yield_to_pages()
         try:
             record = parse_record(item)
             _check_times(record, earliest, latest)

@@ -36,6 +36,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from dashboard.priority import yield_to_pages
+
 from .common import json_decode_cost, memory_reserve
 
 PROTOBUF = "application/x-protobuf"
@@ -56,6 +58,7 @@ TRUNCATION_MARKER = "…[truncated]"
 _ITEM_COST = 8
 _SHORT_TEXT = 1024  # strings shorter than this take the fast path (still charged)
 _MAX_REJECT_REASONS = 5
+_YIELD_EVERY = 64  # spans decoded between two chances for a page to take the CPU
 
 _SPAN_KINDS = {
     "SPAN_KIND_UNSPECIFIED": 0,
@@ -315,6 +318,8 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope
             for span in scope_spans.spans:
+                if len(batch.spans) % _YIELD_EVERY == 0:
+                    yield_to_pages()
                 reader.start_span()
                 try:
                     row = _protobuf_span(span, reader, resource, service_name)
@@ -494,6 +499,8 @@ def decode_json(body: bytes) -> DecodedBatch:
             scope_name = _expect(scope.get("name", ""), str, "scope.name")
             scope_version = _expect(scope.get("version", ""), str, "scope.version")
             for span in _list(scope_spans.get("spans", []), "spans"):
+                if len(batch.spans) % _YIELD_EVERY == 0:
+                    yield_to_pages()
                 reader.start_span()
                 try:
                     row = _json_span(_object(span, "spans"), reader, resource, service_name)

@@ -39,6 +39,7 @@ from django.db import connection, transaction
 from django.utils import timezone as dj_timezone
 
 from dashboard.accounts.models import Project
+from dashboard.priority import yield_to_pages
 from dashboard.observatory.models import Conversation, Span, ToolExecution
 from dashboard.observatory.services import (
     conversations_get_or_create,
@@ -131,6 +132,7 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
     # Built before the transaction: on SQLite it holds the write lock, so the
     # JSON encoding should not happen while the other workers wait for it.
     rows = _rows(project.pk, spans, links, dj_timezone.now())
+    yield_to_pages()  # not inside the transaction: on SQLite it holds the write lock
     with transaction.atomic():
         by_key = _conversations_for(project, spans, links)
         executions = _tool_executions_for(project, links)

@@ -20,6 +20,8 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
+from dashboard.priority import yield_to_pages
+
 from . import costs
 from .histogram import LATENCY_BUCKET_BOUNDS_MS, bucket_index, empty_histogram
 from .models import (
@@ -268,6 +270,8 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
         for span in span_only.annotate(**_SPAN_FACTS).values_list("tool_name", "duration_ms", "status_code",
                                                                    *_SPAN_FACTS).iterator(chunk_size=_SPAN_CHUNK):
             _add_span(stats[span[0]], span[1], span[2], dict(zip(_SPAN_FACT_KEYS, span[3:])))
+            if stats[span[0]]["calls"] % _SPAN_CHUNK == 0:
+                yield_to_pages()
 
         with transaction.atomic():
             ToolHourlyRollup.objects.filter(project_id=project_id, hour=start).exclude(

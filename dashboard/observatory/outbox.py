@@ -30,6 +30,8 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from dashboard.priority import yield_to_pages
+
 from .models import DerivationNote
 
 logger = logging.getLogger(__name__)
@@ -85,6 +87,7 @@ def outbox_drain(*, limit: int = NOTE_BATCH) -> DrainOutcome:
     for note in notes:
         by_project[note.project_id].append(note)
     for project_id, group in by_project.items():
+        yield_to_pages()  # the runner shares the web process with the pages
         try:
             _derive(project_id, *_merged(group))
         except Exception:
