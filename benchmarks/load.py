@@ -212,6 +212,7 @@ class Agent:
         headers = {"Content-Type": content_type, "Authorization": f"Bearer {self.key}"}
         acknowledged = self.acknowledged
         while not stop.is_set():
+            reused = self.connection is not None
             try:
                 if self.connection is None:
                     self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT)
@@ -222,6 +223,8 @@ class Agent:
                 if self.connection:
                     self.connection.close()
                 self.connection = None
+                if reused:  # the server closed an idle keep-alive connection: just reconnect
+                    continue
                 with acknowledged.lock:
                     acknowledged.connection_errors += 1
                 stop.wait(0.5)
