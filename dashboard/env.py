@@ -129,6 +129,10 @@ def database(name: str, data_dir: Path) -> dict[str, Any]:
             # about 2 ms, more than storing a small batch.
             "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60),
             "CONN_HEALTH_CHECKS": True,
+            # Tests get a file too, not Django's shared in-memory database: a live
+            # server's threads then each have their own connection, as in production
+            # (on one shared connection one request's rollback undid another's commit).
+            "TEST": {"NAME": str(data_dir / "test-observatory.sqlite3")},
         }
     parts = urlsplit(url)
     if parts.scheme not in ("postgres", "postgresql"):
