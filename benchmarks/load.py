@@ -390,11 +390,14 @@ def divergence(project_id: int) -> dict[str, int]:
     - tool calls missing from (or extra in) the hourly rollups: a tool execution
       counts once, a tool span once unless a tool execution describes it;
     - tool spans naming a conversation and still unlinked to it;
-    - tool executions whose span is stored (same tool call id) and still unlinked.
+    - tool executions whose span is stored (same tool call id) and still unlinked;
+    - derivation notes parked for an admin (derived data that will not converge alone).
     """
     from django.db.models import Count, Exists, OuterRef, Q, Sum
 
-    from dashboard.observatory.models import Conversation, Message, Span, ToolExecution, ToolHourlyRollup
+    from dashboard.observatory.models import (
+        Conversation, DerivationNote, Message, Span, ToolExecution, ToolHourlyRollup,
+    )
 
     executions = ToolExecution.objects.filter(project_id=project_id)
     counted = {row["conversation_id"]: row for row in executions.values("conversation_id").order_by().annotate(
@@ -419,6 +422,7 @@ def divergence(project_id: int) -> dict[str, int]:
         "rollup_calls": abs(rolled_up - (executions.count() + undescribed)),
         "unlinked_spans": unlinked_spans,
         "unlinked_executions": unlinked_executions,
+        "parked_notes": DerivationNote.objects.filter(project_id=project_id, parked=True).count(),
     }
 
 

@@ -14,7 +14,11 @@ a failing note with several conversations or hours is split into one note per
 conversation and per hour, so one poisonous conversation never holds back another;
 a single-item note that fails waits (backoff doubling from
 OBSERVATORY_DERIVE_RETRY_SECONDS) and after MAX_ATTEMPTS is parked with its error
-for an admin (``admin/observatory/derivationnote``, "retry now").
+for an admin (``admin/observatory/derivationnote``, "retry now"). A database that
+is busy (a lock, a deadlock, a lost connection: ``OperationalError``) says nothing
+about the note, so such a failure is retried after OBSERVATORY_DERIVE_RETRY_SECONDS
+and never parks it: under sixteen senders on SQLite a note could otherwise use up its attempts on
+"database is locked" alone and its conversation would never converge.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from datetime import timedelta
 from typing import Iterable
 
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -163,6 +167,9 @@ def _failed(note: DerivationNote, exc: Exception, outcome: DrainOutcome) -> None
         + [dict(hours=[h]) for h in note.hours]
         + [dict(artifact_ids=[a]) for a in note.artifact_ids]
     )
+    if isinstance(exc, OperationalError):
+        _delay_busy(note, error)
+        return
     if len(items) > 1:
         with transaction.atomic():
             DerivationNote.objects.bulk_create(
@@ -183,3 +190,15 @@ def _failed(note: DerivationNote, exc: Exception, outcome: DrainOutcome) -> None
     else:
         logger.warning("derivation note %d failed (attempt %d), retried in %.0f s: %s",
                        note.pk, note.attempts, delay, error)
+
+
+def _delay_busy(note: DerivationNote, error: str) -> None:
+    """Retry later without counting the attempt (the claim counted it): the busy
+    database is not the note's fault. Whole, not split: splitting would only
+    multiply the contention."""
+    delay = settings.OBSERVATORY_DERIVE_RETRY_SECONDS
+    DerivationNote.objects.filter(pk=note.pk).update(
+        last_error=error, claimed_until=None, attempts=F("attempts") - 1,
+        available_at=timezone.now() + timedelta(seconds=delay),
+    )
+    logger.warning("derivation note %d: database busy, retried in %.0f s: %s", note.pk, delay, error)

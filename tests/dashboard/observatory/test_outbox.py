@@ -117,3 +117,28 @@ def test_it_drains_the_notes_of_every_project_apart(client, auth, other_auth, re
     assert outbox.outbox_drain_all().notes == 2
     assert sorted(Conversation.objects.values_list("project__name", "external_id", "messages")) == sorted(
         (c.project.name, c.external_id, 1) for c in Conversation.objects.select_related("project"))
+
+
+def test_it_never_parks_a_note_for_a_busy_database(client, auth, records, crash_after_commit, monkeypatch, settings):
+    """"database is locked" under many senders is the database's state, not the note's
+    fault: retried as often as it takes, the note is derived once the lock clears."""
+    from django.db import OperationalError
+
+    settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 0
+    post(client, auth, [records.message(conversation="a"), records.message(conversation="b")])
+    real = tasks.conversation_totals_refresh
+    busy = {"left": outbox.MAX_ATTEMPTS * 3}
+
+    def locked_for_a_while(ids):
+        if busy["left"]:
+            busy["left"] -= 1
+            raise OperationalError("database is locked")
+        return real(ids)
+
+    monkeypatch.setattr(tasks, "conversation_totals_refresh", locked_for_a_while)
+    for _ in range(outbox.MAX_ATTEMPTS * 3):
+        outbox.outbox_drain_all()
+        assert not DerivationNote.objects.filter(parked=True).exists()
+    outbox.outbox_drain_all()
+    assert not busy["left"] and not DerivationNote.objects.exists()
+    assert sorted(Conversation.objects.values_list("external_id", "messages")) == [("a", 1), ("b", 1)]
