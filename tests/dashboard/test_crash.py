@@ -106,4 +106,4 @@ def test_it_loses_nothing_acknowledged_and_converges_after_kill_9(tmp_path):
     assert (outcome["lost_spans"], outcome["lost_records"]) == (0, 0)
     assert (outcome["duplicate_spans"], outcome["duplicate_records"]) == (0, 0)
     assert outcome["divergence"] == {"conversations": 0, "rollup_calls": 0, "unlinked_spans": 0,
-                                     "unlinked_executions": 0}
+                                     "unlinked_executions": 0, "parked_notes": 0}
