@@ -58,11 +58,24 @@ def _title(text: str) -> str:
 
 def conversation_totals_refresh(*, conversation_ids: Iterable[int]) -> int:
     """Recompute totals, title, model, user, status and activity times of the given
-    conversations, and the per-round context tokens; returns how many were updated."""
+    conversations, and the per-round context tokens; returns how many were updated.
+
+    Reads and writes are one transaction that first locks the conversations (rows
+    on PostgreSQL, in id order so two passes cannot deadlock; SQLite's IMMEDIATE
+    transaction takes the write lock). Two drainers deriving one conversation then
+    run one after the other: without it a pass that read before a batch committed
+    could write its stale totals after the pass that read the batch, and nothing
+    would ever correct them (the chaos benchmark caught one such conversation).
+    """
     ids = sorted(set(conversation_ids))
     if not ids:
         return 0
-    conversations = list(Conversation.objects.filter(pk__in=ids))
+    with transaction.atomic():
+        return _conversation_totals_refresh(ids)
+
+
+def _conversation_totals_refresh(ids: list[int]) -> int:
+    conversations = list(Conversation.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
     rounds = _grouped(
         Round.objects.filter(conversation_id__in=ids),
         n=Count("id"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),

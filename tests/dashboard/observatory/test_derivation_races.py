@@ -1,0 +1,65 @@
+"""Two drainers deriving the same conversation at once (two web processes, or two
+Celery workers): the one that read last must be the one whose totals stay."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+from dashboard.observatory import costs, derivations
+from dashboard.observatory.models import Conversation
+from dashboard.observatory.services import records_store
+from pipeline import parse_record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def store(project, batch):
+    return records_store(project=project, records=[parse_record(item) for item in batch])
+
+
+def test_it_never_lets_a_pass_that_read_early_overwrite_a_later_one(project, records, monkeypatch):
+    store(project, [records.message(conversation="c", index=0)])
+    conversation = Conversation.objects.get()
+    read_done, release = threading.Event(), threading.Event()
+    real_priced = costs.conversations_priced
+    slow_drainer: list[threading.Thread] = []
+
+    def slow_after_reading(conversations, *args, **kwargs):
+        if threading.current_thread() in slow_drainer:
+            read_done.set()
+            release.wait(10)  # the slow drainer stalls between its reads and its write
+        return real_priced(conversations, *args, **kwargs)
+
+    monkeypatch.setattr(costs, "conversations_priced", slow_after_reading)
+    errors: list[BaseException] = []
+
+    def run(target):
+        try:
+            target()
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    slow = threading.Thread(target=run, args=(lambda: derivations.conversation_totals_refresh(
+        conversation_ids=[conversation.pk]),))
+    slow_drainer.append(slow)
+    slow.start()
+    assert read_done.wait(10)
+
+    def ingest_then_derive():
+        store(project, [records.message(conversation="c", index=1)])  # a batch after the slow read
+        derivations.conversation_totals_refresh(conversation_ids=[conversation.pk])
+
+    fast = threading.Thread(target=run, args=(ingest_then_derive,))
+    fast.start()
+    fast.join(0.5)  # with the lock the fast drainer waits here; without it, it finishes
+    release.set()
+    slow.join(10)
+    fast.join(20)
+    assert not errors and not slow.is_alive() and not fast.is_alive()
+    conversation.refresh_from_db()
+    assert conversation.messages == 2
