@@ -33,7 +33,9 @@ def frequent_thread_switches() -> Iterator[None]:
 
 
 class FakeAgentState:
-    """The agent framework's state: read the whole state, write a new message list.
+    """The agent framework's state with LangGraph's signatures (``get_state(config)``,
+    ``update_state(config, values)``; the real graph is in test_design_examples_context):
+    read the whole state, write a new message list.
 
     ``get_state`` yields the thread between read and return so unlocked
     read-modify-write cycles would interleave and lose updates.
@@ -43,12 +45,13 @@ class FakeAgentState:
         self.messages: list[Any] = list(messages or [])
         self.updates = 0
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self, config) -> dict[str, Any]:
+        assert set(config) == {"configurable"} and config["configurable"]["thread_id"]
         snapshot = {"messages": list(self.messages)}
         time.sleep(0)
         return snapshot
 
-    def update_state(self, values: dict[str, Any]) -> None:
+    def update_state(self, config, values: dict[str, Any]) -> None:
         time.sleep(0)
         self.messages = values["messages"]
         self.updates += 1
@@ -62,14 +65,14 @@ class FakeSnapshot:
 class FakeLangGraphLikeState(FakeAgentState):
     """get_state returns a StateSnapshot-like object with ``.values``."""
 
-    def get_state(self) -> FakeSnapshot:  # type: ignore[override]
+    def get_state(self, config) -> FakeSnapshot:  # type: ignore[override]
         return FakeSnapshot({"messages": list(self.messages)})
 
 
 class FakeAttributeState(FakeAgentState):
     """get_state returns an object with a ``messages`` attribute."""
 
-    def get_state(self) -> Any:  # type: ignore[override]
+    def get_state(self, config) -> Any:  # type: ignore[override]
         return self
 
 
@@ -195,10 +198,10 @@ def test_it_treats_a_state_without_messages_as_empty() -> None:
         def __init__(self) -> None:
             self.written: dict[str, Any] = {}
 
-        def get_state(self) -> dict[str, Any]:
+        def get_state(self, config) -> dict[str, Any]:
             return {}
 
-        def update_state(self, values: dict[str, Any]) -> None:
+        def update_state(self, config, values: dict[str, Any]) -> None:
             self.written = values
 
     state = EmptyState()
@@ -248,15 +251,15 @@ def test_it_refuses_a_bad_conversation_id(conversation_id: Any) -> None:
 
 def test_it_returns_false_when_the_fake_state_fails(caplog: pytest.LogCaptureFixture) -> None:
     class ReadFails(FakeAgentState):
-        def get_state(self) -> dict[str, Any]:
+        def get_state(self, config) -> dict[str, Any]:
             raise RuntimeError("checkpointer down")
 
     class WriteFails(FakeAgentState):
-        def update_state(self, values: dict[str, Any]) -> None:
+        def update_state(self, config, values: dict[str, Any]) -> None:
             raise RuntimeError("write refused")
 
     class NotAList(FakeAgentState):
-        def get_state(self) -> dict[str, Any]:
+        def get_state(self, config) -> dict[str, Any]:
             return {"messages": "oops"}
 
     manager = LockManager()
