@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any, Optional
 
 from ._compression_types import CompressionMode
@@ -79,11 +80,38 @@ class LLMCompressor:
         if self.llm is None:
             return self._extract_key_info(messages)
         try:
-            text = await asyncio.wait_for(asyncio.to_thread(self._ask, prompt), timeout=self.timeout_ms / 1000)
+            text = await asyncio.wait_for(self._ask_in_thread(prompt), timeout=self.timeout_ms / 1000)
         except Exception as exc:  # the model is an edge: fall back, never raise
             logger.error("LLM summarization failed (%s): %s", self.model, type(exc).__name__)
             return self._extract_key_info(messages)
         return text
+
+    def _ask_in_thread(self, prompt: str) -> "asyncio.Future[str]":
+        """The model call on a daemon thread of its own (not the loop's executor), so
+        a timed-out call never holds up the loop or ``asyncio.run``'s shutdown."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+
+        def settle(text: Optional[str], error: Optional[BaseException]) -> None:
+            if future.done():  # timed out meanwhile
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(text)  # type: ignore[arg-type]
+
+        def work() -> None:
+            try:
+                text, error = self._ask(prompt), None
+            except Exception as exc:  # reported through the future
+                text, error = None, exc
+            try:
+                loop.call_soon_threadsafe(settle, text, error)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+
+        threading.Thread(target=work, name="pipeline-llm-compressor", daemon=True).start()
+        return future
 
     def _ask(self, prompt: str) -> str:
         invoke = getattr(self.llm, "invoke", None)

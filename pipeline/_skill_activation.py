@@ -120,16 +120,18 @@ class SkillActivationRequest(BaseModel):
 
     def create_nested_request(
         self,
-        skill_name: str,
+        nested_skill: str,
         activation_id: Optional[str] = None,
         *,
         load_level: Optional[LoadLevel] = None,
     ) -> "SkillActivationRequest":
-        """The request for a skill this one activates, with the chain extended."""
-        validate_skill_name(skill_name)
-        check_nesting(self.path, skill_name, self.max_depth)
+        """The request for a skill this one activates, with the chain extended.
+        A cycle raises CircularDependencyError, too deep a nesting SkillError (both
+        ValueErrors, as in the design)."""
+        validate_skill_name(nested_skill)
+        check_nesting(self.path, nested_skill, self.max_depth)
         return SkillActivationRequest(
-            skill_name=skill_name,
+            skill_name=nested_skill,
             activation_id=activation_id or _new_activation_id(),
             load_level=self.load_level if load_level is None else load_level,
             activation_depth=self.activation_depth + 1,

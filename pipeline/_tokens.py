@@ -293,6 +293,21 @@ class ModelEncoderRegistry:
             raise ConfigError(source, "file is not UTF-8 text") from None
         self.load_config_text(text, source=source)
 
+    def _load_config_from_file(self, path: Union[str, os.PathLike[str], None] = None) -> bool:
+        """The design's loader: ``path``, or the file ``discover_config_file()``
+        finds; a problem is logged as a warning and nothing applied (as the design
+        does). True if a file was loaded. ``load_config_file`` raises instead."""
+        if path is None:
+            path = discover_config_file()
+            if path is None:
+                return False
+        try:
+            self.load_config_file(path)
+        except ConfigError as exc:
+            logger.warning("encoder configs not loaded: %s", exc)
+            return False
+        return True
+
     def load_config_text(self, text: str, *, source: str = "<text>") -> None:
         """Add the entries of a YAML document (same shape as token_encoders.yaml)."""
         try:

@@ -20,6 +20,7 @@ from pipeline import (
     CompressionMode,
     CompressionRecord,
     ContextCompressionConfig,
+    ExtractiveSummarizer,
     LLMSummarizer,
     MessageAction,
     MessagePriority,
@@ -758,3 +759,45 @@ def test_it_falls_back_when_a_fake_summarizer_cannot_estimate_its_cost() -> None
     _, result = summarize(ctx, conversation(8))
     assert result.mode is CompressionMode.EXTRACT
     assert result.fallback_reason == "summariser gave an invalid cost estimate (nan)"
+
+
+# --- the design's constructor forms (the examples themselves: test_design_examples_context)
+
+
+def test_it_refuses_constructor_forms_that_contradict_each_other() -> None:
+    config = ContextCompressionConfig()
+    with pytest.raises(TypeError):
+        AdvancedContextManager(config, compression_config=config)
+    with pytest.raises(TypeError):
+        AdvancedContextManager(100_000, max_tokens=100_000)
+    with pytest.raises(TypeError):
+        AdvancedContextManager(summarizer=ExtractiveSummarizer(len), llm_summarizer=lambda prompt: "x")
+    with pytest.raises(TypeError):
+        AdvancedContextManager("not a config")
+    with pytest.raises(ConfigError):
+        AdvancedContextManager(max_tokens=0)
+    with pytest.raises(ConfigError):
+        AdvancedContextManager(compression_mode="squash")
+    with pytest.raises(ConfigError):
+        ContextCompressionConfig(llm_threshold=5, llm_summarization_threshold=5)
+    with pytest.raises(ConfigError):
+        ContextCompressionConfig.from_dict({"max_cost_per_hour": 1, "max_cost_per_hour_usd": 1})
+
+
+def test_it_applies_the_design_keywords_on_a_copy_of_the_config() -> None:
+    config = ContextCompressionConfig(max_tokens=50_000)
+    manager = AdvancedContextManager(max_tokens=8_000, compression_mode="truncate", compression_config=config)
+    assert (manager.max_tokens, manager.config.strategy) == (8_000, CompressionMode.TRUNCATE)
+    assert (config.max_tokens, config.strategy) == (50_000, CompressionMode.EXTRACT)  # the caller's is untouched
+    assert AdvancedContextManager(12_000).max_tokens == 12_000  # v2.0 positional max_tokens
+
+
+def test_it_uses_a_given_llm_summarizer_only_as_the_config_says() -> None:
+    with_llm = AdvancedContextManager(llm_summarizer=lambda prompt: "summary")
+    assert with_llm.config.enable_llm_summarization and with_llm.config.llm_summarization_threshold == 0
+    assert with_llm.llm_compressor is with_llm.summarizer and with_llm.summarizer.name == "llm"
+    configured = AdvancedContextManager(compression_config=ContextCompressionConfig(), llm_summarizer=lambda prompt: "summary")
+    assert configured.config.enable_llm_summarization is False and configured.llm_compressor is None
+    assert AdvancedContextManager().llm_compressor is None
+    extractive = ExtractiveSummarizer(len)
+    assert AdvancedContextManager(llm_summarizer=extractive).summarizer is extractive  # a Summarizer as it is

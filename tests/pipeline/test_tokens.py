@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import tiktoken
@@ -470,3 +474,78 @@ def test_it_offers_a_global_counter():
     assert get_token_counter() is get_token_counter()
     assert count_tokens(ENGLISH, model="gpt-4") == raw(ENGLISH)
     assert count_tokens(ENGLISH) == ceil_margin(raw(ENGLISH), 1.15)  # default model is claude
+
+
+# --- where the process-wide registry finds its file ----------------------------------
+
+
+def test_it_discovers_the_config_file_in_the_documented_order(tmp_path, monkeypatch):
+    from pipeline import discover_config_file
+
+    home = tmp_path / "home"
+    (home / ".ba-agent").mkdir(parents=True)
+    (tmp_path / "config").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("PIPELINE_TOKEN_ENCODERS", raising=False)
+    assert discover_config_file() is None
+    (home / ".ba-agent" / "token_encoders.yaml").write_text("encoders: {}\n")
+    assert discover_config_file() == home / ".ba-agent" / "token_encoders.yaml"
+    (tmp_path / "config" / "token_encoders.yml").write_text("encoders: {}\n")
+    assert discover_config_file() == Path("config/token_encoders.yml")
+    (tmp_path / "config" / "token_encoders.yaml").write_text("encoders: {}\n")
+    assert discover_config_file() == Path("config/token_encoders.yaml")
+    monkeypatch.setenv("PIPELINE_TOKEN_ENCODERS", str(tmp_path / "elsewhere.yaml"))
+    assert discover_config_file() == tmp_path / "elsewhere.yaml"
+
+
+def test_it_refuses_a_discovered_file_that_is_invalid_naming_it(tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "token_encoders.yaml").write_text("encoders:\n  m:\n    model_family: nope\n")
+    env = {k: v for k, v in os.environ.items() if k != "PIPELINE_TOKEN_ENCODERS"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, "-c", "from pipeline import count_tokens; count_tokens('hi')"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("pipeline._exceptions.ConfigError: token_encoders.yaml: encoders.m")
+    assert "unknown model family 'nope'" in last
+    assert str(tmp_path) not in last  # the file's name, not its path
+
+
+def test_it_warns_and_applies_nothing_through_the_designs_loader(tmp_path, caplog):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("encoders:\n  ok:\n    model_family: gpt\n  bad:\n    safety_margin: 0.5\n    model_family: gpt\n")
+    registry = ModelEncoderRegistry.create()
+    with caplog.at_level("WARNING", logger="pipeline._tokens"):
+        assert registry._load_config_from_file(bad) is False
+    assert "safety_margin" in caplog.text
+    assert registry.detect_model_family("ok") is ModelFamily.CUSTOM
+    good = tmp_path / "good.yaml"
+    good.write_text("encoders:\n  acme-1:\n    model_family: gpt\n    encoder_params: {vocab: 5}\n")
+    assert registry._load_config_from_file(good) is True
+    assert registry.get_encoder_config("acme-1").encoder_params == {"vocab": 5}
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"model_family": "gpt", "exact_counting_api": 5}, "exact_counting_api"),
+        ({"model_family": "gpt", "exact_counting_api": "x" * 2001}, "exact_counting_api"),
+        ({"model_family": "gpt", "encoder_params": ["a"]}, "encoder_params"),
+    ],
+)
+def test_it_refuses_bad_design_fields(fields, field):
+    with pytest.raises(ConfigError, match=field):
+        EncoderConfig.from_dict(fields)
+
+
+def test_it_keeps_private_registries_apart_from_the_shared_one():
+    shared = ModelEncoderRegistry()
+    assert shared is get_token_counter().registry
+    private = ModelEncoderRegistry.create()
+    assert private is not shared and ModelEncoderRegistry(load_defaults=True) is not shared
+    private.set_margin("claude", 3.0)
+    assert shared.get_margin("claude") == 1.15
