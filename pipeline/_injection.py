@@ -127,6 +127,44 @@ class LockManager:
             return len(self._entries)
 
 
+class ConversationLock:
+    """A per-key lock handle with ``threading.Lock``'s interface (``acquire``,
+    ``release``, ``with``) whose lock lives in a LockManager: held or waited for, it
+    cannot be evicted, so two holders of one key always share one lock."""
+
+    def __init__(self, manager: LockManager, key: str) -> None:
+        self._manager = manager
+        self._key = key
+        self._held: list[_LockEntry] = []  # entries this handle acquired (re-entrant)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        entry = self._manager._check_out(self._key)
+        try:
+            acquired = entry.lock.acquire(blocking, timeout)
+        except BaseException:
+            self._manager._check_in(self._key, entry)
+            raise
+        if not acquired:
+            self._manager._check_in(self._key, entry)
+            return False
+        self._held.append(entry)
+        return True
+
+    def release(self) -> None:
+        if not self._held:
+            raise RuntimeError("release unlocked lock")
+        entry = self._held.pop()
+        entry.lock.release()
+        self._manager._check_in(self._key, entry)
+
+    def __enter__(self) -> "ConversationLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.release()
+
+
 _default_lock_manager = LockManager()
 
 
@@ -207,6 +245,12 @@ def _current_messages(state: Any) -> list[Any]:
 class MessageInjectionProtocol:
     """Appends skill messages (SkillActivationResult.to_llm_messages()) to a
     conversation's agent state, atomically per conversation."""
+
+    @classmethod
+    def _get_lock(cls, conversation_id: str) -> ConversationLock:
+        """v2.1's per-conversation lock: a handle on the global LockManager's lock
+        for the conversation (the design's ``lru_cache`` could evict a held lock)."""
+        return ConversationLock(get_lock_manager(), conversation_id)
 
     @staticmethod
     @contextmanager

@@ -737,3 +737,22 @@ def test_it_returns_false_when_the_graph_has_no_checkpointer():
     builder.add_edge(START, "agent")
     graph = builder.compile()  # no checkpointer: get_state raises
     assert MessageInjectionProtocol.inject_into_state([{"role": "user", "content": "x"}], "conv-1", graph) is False
+
+
+def test_it_gives_the_v2_1_per_conversation_lock_without_eviction():
+    lock = MessageInjectionProtocol._get_lock("conv-lock")
+    other = MessageInjectionProtocol._get_lock("conv-lock")
+    assert lock.acquire()
+    assert get_lock_manager().ref_count("conv-lock") == 1
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(other.acquire(timeout=0.05)))
+    waiter.start()
+    waiter.join()
+    assert got == [False]  # the same conversation's lock, held: no second holder
+    lock.release()
+    assert get_lock_manager().ref_count("conv-lock") == 0
+    with other:
+        with MessageInjectionProtocol._conversation_lock("conv-lock"):  # re-entrant in one thread
+            pass
+    with pytest.raises(RuntimeError):
+        lock.release()
