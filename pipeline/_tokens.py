@@ -683,12 +683,25 @@ class DynamicTokenCounter:
         self, model_family: Union[ModelFamily, str], client: Any, api_key: Optional[str] = None
     ) -> None:
         """Use ``client`` for exact counts of families whose config says
-        ``use_exact_counting``: a callable ``client(text, model) -> int`` or an object
-        with ``count_tokens(text, model) -> int``. If it fails, the estimate is used
+        ``use_exact_counting``: a callable ``client(text, model) -> int``, an object
+        with ``count_tokens(text, model) -> int``, or an Anthropic SDK client (its
+        ``messages.count_tokens``). If it fails, the estimate is used
         and a warning logged. ``api_key`` (the design's parameter) is for clients that
         need one and is not kept: give the client its own key."""
         count = client if callable(client) else getattr(client, "count_tokens", None)
-        require(callable(count), "client", "must be callable as client(text, model) -> int or have count_tokens(text, model)")
+        messages_api = getattr(client, "messages", None)
+        if not callable(count) and callable(getattr(messages_api, "count_tokens", None)):
+            # Anthropic's SDK client: messages.count_tokens(model=, messages=).input_tokens
+            def count(text: str, model: str) -> int:
+                reply = messages_api.count_tokens(model=model, messages=[{"role": "user", "content": text}])
+                return getattr(reply, "input_tokens", None)  # type: ignore[return-value]
+
+        require(
+            callable(count),
+            "client",
+            "must be callable as client(text, model) -> int, have count_tokens(text, model), "
+            "or be an Anthropic client (messages.count_tokens)",
+        )
         self._api_clients[_family(model_family)] = count
 
     def count_tokens(self, text: str, model: str = DEFAULT_MODEL) -> int:

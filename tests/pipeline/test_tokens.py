@@ -549,3 +549,23 @@ def test_it_keeps_private_registries_apart_from_the_shared_one():
     assert private is not shared and ModelEncoderRegistry(load_defaults=True) is not shared
     private.set_margin("claude", 3.0)
     assert shared.get_margin("claude") == 1.15
+
+
+def test_it_counts_exactly_with_a_fake_shaped_like_the_anthropic_client():
+    class FakeAnthropicClient:  # the provider's SDK is a network edge: same shape, no network
+        class messages:
+            calls: list = []
+
+            @classmethod
+            def count_tokens(cls, *, model, messages):
+                cls.calls.append((model, messages))
+                return type("MessageTokensCount", (), {"input_tokens": 11})()
+
+    registry = ModelEncoderRegistry.create()
+    registry.register_encoder_config("claude-*", EncoderConfig(ModelFamily.CLAUDE, use_exact_counting=True))
+    counter = DynamicTokenCounter(registry)
+    counter.configure_api_client(ModelFamily.CLAUDE, FakeAnthropicClient(), api_key="sk-test")
+    assert counter.count_tokens("Hello, world!", "claude-3-opus") == 11
+    assert FakeAnthropicClient.messages.calls == [("claude-3-opus", [{"role": "user", "content": "Hello, world!"}])]
+    with pytest.raises(ConfigError, match="client"):
+        counter.configure_api_client(ModelFamily.GPT, object())
