@@ -744,6 +744,10 @@ class DynamicTokenCounter:
         raw = sum(count_raw(text) for text in parts.texts)
         return counter.with_margin(raw + parts.fixed) + MESSAGE_OVERHEAD_TOKENS
 
+    def _count_tokens_exact(self, text: str, model: str, config: EncoderConfig) -> Optional[int]:
+        """The design's name: the configured client's count, or None."""
+        return self._exact(text, model, config)
+
     def _exact(self, text: str, model: str, config: EncoderConfig) -> Optional[int]:
         client = self._api_clients.get(config.model_family)
         if client is None:

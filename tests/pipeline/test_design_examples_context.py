@@ -109,6 +109,25 @@ def test_it_counts_the_v2_1_token_counter_calls_as_written():
     assert count_conversation_tokens([message, message], model="gpt-4o") == 2 * count_message_tokens(message, model="gpt-4o")
 
 
+def test_it_counts_the_v2_0_content_blocks():
+    counter = get_token_counter()
+    blocks = {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Let me look."},
+            {"type": "thinking", "thinking": "The orders table has the data."},
+            {"type": "tool_use", "id": "toolu_1", "name": "query_database", "input": {"sql": "select 1"}},
+        ],
+    }
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "1 row"}]}
+    base = counter.count_message_tokens(blocks, "gpt-4o")
+    bigger = dict(blocks, content=blocks["content"][:2] + [dict(blocks["content"][2], input={"sql": "select 1 " * 50})])
+    assert counter.count_message_tokens(bigger, "gpt-4o") > base > counter.count_tokens("Let me look.", "gpt-4o")
+    assert count_conversation_tokens([blocks, result], "gpt-4o") == base + count_message_tokens(result, "gpt-4o")
+    config = counter._registry.get_encoder_config("gpt-4o")
+    assert counter._count_tokens_exact("hi", "gpt-4o", config) is None  # no API client configured
+
+
 def test_it_runs_the_v2_1_count_tokens_body_on_the_registry():
     # DynamicTokenCounter.count_tokens as v2.1 writes it, against our registry.
     counter = DynamicTokenCounter()
