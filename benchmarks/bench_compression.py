@@ -60,13 +60,13 @@ def main() -> None:
         model="claude-3-sonnet",
     )
     started = time.perf_counter()
-    _, first = manager.compress(messages, target_tokens=100_000)
+    _, first = manager.compress_with_result(messages, target_tokens=100_000)
     first_ms = (time.perf_counter() - started) * 1000
 
     warm = []
     for _ in range(20):
         started = time.perf_counter()
-        output, result = manager.compress(messages, target_tokens=100_000)
+        output, result = manager.compress_with_result(messages, target_tokens=100_000)
         warm.append((time.perf_counter() - started) * 1000)
 
     grown = messages + [{"role": "user", "content": f"one more question {i}"} for i in range(10)]

@@ -187,6 +187,29 @@ __all__ += [
 from ._injection import LockManager, MessageInjectionProtocol
 
 __all__ += ["LockManager", "MessageInjectionProtocol"]
+# --- context: the design documents' forms (docs/design-conformance-context.md) ---
+from ._compression import ThreadSafeContextManager, as_summarizer
+from ._context_state import CompressedMessages, MessageImportance, MessageWrapper
+from ._conversation import ConversationRound, MultiRoundConversation
+from ._injection import get_lock_manager
+from ._llm_compressor import CompressionCostEstimate, ContextCompressionStrategy, LLMCompressor
+from ._tokens import CONFIG_SEARCH_PATHS, discover_config_file
+
+__all__ += [
+    "CONFIG_SEARCH_PATHS",
+    "CompressedMessages",
+    "CompressionCostEstimate",
+    "ContextCompressionStrategy",
+    "ConversationRound",
+    "LLMCompressor",
+    "MessageImportance",
+    "MessageWrapper",
+    "MultiRoundConversation",
+    "ThreadSafeContextManager",
+    "as_summarizer",
+    "discover_config_file",
+    "get_lock_manager",
+]
 from ._metrics import (
     ConversationMetrics,
     MetricsCollector,

@@ -32,6 +32,7 @@ Decisions the seeds left open (documented here because callers depend on them):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import threading
@@ -63,10 +64,26 @@ from ._messages import (
     text_slots,
     with_content,
 )
-from ._summarizers import ExtractiveSummarizer, Summarizer, cut_to_tokens
+from ._context_state import CompressedMessages, StatefulContext
+from ._summarizers import ExtractiveSummarizer, LLMSummarizer, Summarizer, cut_to_tokens
 from ._tokens import get_token_counter
 
-__all__ = ["AdvancedContextManager", "BasicContextManager", "ContextCompressionConfig"]
+__all__ = [
+    "AdvancedContextManager",
+    "BasicContextManager",
+    "ContextCompressionConfig",
+    "ThreadSafeContextManager",
+    "as_summarizer",
+]
+
+#: The v2.0 names of ContextCompressionConfig's fields (constructor, from_dict and
+#: read-only attributes) -> (the library's field, factor from the v2.0 unit).
+DESIGN_CONFIG_NAMES = {
+    "llm_threshold": ("llm_summarization_threshold", 1),
+    "summary_cache_ttl": ("summary_cache_ttl_seconds", 3600),  # hours in the design
+    "max_compression_cost_per_hour": ("max_cost_per_hour_usd", 1),
+    "max_cost_per_hour": ("max_cost_per_hour_usd", 1),
+}
 
 CONTENT_BEFORE_MAX_CHARS = 2_000  # what a change carries for the diff page
 MIN_TRUNCATED_CHARS = 32  # a shorter head is not worth keeping: drop instead
@@ -95,7 +112,7 @@ def _check_number(value: Any, name: str, *, positive: bool) -> None:
 
 
 @dataclass
-class ContextCompressionConfig(BaseConfig):
+class _CompressionConfigFields(BaseConfig):
     """How and when a conversation is compressed (seeds v2.0 ``ContextCompressionConfig``).
 
     Compression fires when the context exceeds ``max_tokens * threshold_ratio`` and
@@ -153,11 +170,69 @@ class ContextCompressionConfig(BaseConfig):
     def target_tokens(self) -> int:
         return max(1, int(self.max_tokens * self.target_ratio))
 
+    # The v2.0 attribute names (read-only views of the fields).
+    @property
+    def llm_threshold(self) -> int:
+        return self.llm_summarization_threshold
+
+    @property
+    def summary_cache_ttl(self) -> float:
+        """Hours, as v2.0 gives it (``summary_cache_ttl_seconds / 3600``)."""
+        ttl = self.summary_cache_ttl_seconds / 3600
+        return int(ttl) if ttl == int(ttl) else ttl
+
+    @property
+    def max_cost_per_hour(self) -> float:
+        return self.max_cost_per_hour_usd
+
     def should_compress(self, current_tokens: int) -> bool:
         """True once the context is over ``max_tokens * threshold_ratio``."""
         if isinstance(current_tokens, bool) or not isinstance(current_tokens, int) or current_tokens < 0:
             raise ValueError("current_tokens must be a non-negative integer")
         return current_tokens > self.max_tokens * self.threshold_ratio
+
+
+def _translate_design_names(values: dict[str, Any]) -> dict[str, Any]:
+    """The v2.0 keywords mapped onto the fields; giving both names is an error."""
+    out = dict(values)
+    for name, (field_name, factor) in DESIGN_CONFIG_NAMES.items():
+        if name not in out:
+            continue
+        value = out.pop(name)
+        if field_name in values or any(
+            other in values for other, (f, _) in DESIGN_CONFIG_NAMES.items() if f == field_name and other != name
+        ):
+            raise ConfigError(name, f"given twice (also as {field_name} or another name for it)")
+        if factor != 1 and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = value * factor
+        out[field_name] = value
+    return out
+
+
+class ContextCompressionConfig(_CompressionConfigFields):
+    """How and when a conversation is compressed (seeds v2.0 ``ContextCompressionConfig``).
+
+    Compression fires when the context exceeds ``max_tokens * threshold_ratio`` and
+    aims at ``max_tokens * target_ratio``, well below, so it does not fire again on
+    the next round. ``enable_llm_summarization`` defaults to False: an agent with no
+    LLM summariser configured gets free extractive summaries (the seeds default of
+    True would make SUMMARIZE fall back on every call of such an agent).
+
+    Also accepts the v2.0 names, as keywords and in ``from_dict``:
+    ``llm_threshold`` (= ``llm_summarization_threshold``), ``summary_cache_ttl``
+    (hours; = ``summary_cache_ttl_seconds / 3600``), ``max_compression_cost_per_hour``
+    and ``max_cost_per_hour`` (= ``max_cost_per_hour_usd``); the first and last two
+    are also readable attributes. ``to_dict`` writes the library's names.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **_translate_design_names(kwargs))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ContextCompressionConfig":
+        if isinstance(data, dict):
+            data = _translate_design_names(data)
+        return super().from_dict(data)
 
 
 # -------------------------------------------------------------------------- the plan
@@ -183,10 +258,36 @@ def _mark(plan: _Plan, unit: MessageUnit, action: MessageAction, reason: str) ->
 # ------------------------------------------------------------------------ managers
 
 
-class AdvancedContextManager:
+def as_summarizer(llm: Any) -> Optional[Summarizer]:
+    """A ``Summarizer`` from what the design passes as ``llm_summarizer``: a
+    Summarizer as it is; a LangChain chat model (``invoke``) or a callable
+    ``prompt -> str`` wrapped in ``LLMSummarizer`` (its reply's text is the summary)."""
+    if llm is None:
+        return None
+    if callable(getattr(llm, "summarize", None)) and callable(getattr(llm, "estimate_cost_usd", None)):
+        return llm
+    return LLMSummarizer(llm)
+
+
+class AdvancedContextManager(StatefulContext):
     """Compresses a conversation to a token target with TRUNCATE, EXTRACT or
-    SUMMARIZE (seeds v2.1 ``AdvancedContextManager``), returning the new message list
-    and a ``CompressionResult`` that accounts for every original message.
+    SUMMARIZE (seeds v2.1 ``AdvancedContextManager``).
+
+    ``compress`` returns the new message list, as the design does; the list is a
+    ``CompressedMessages`` whose ``.result`` is the ``CompressionResult`` accounting
+    for every original message (``compress_with_result`` returns both as a tuple).
+    The design's stateful form (``add_message``, ``get_compressed_messages``,
+    ``total_tokens``) is built on ``compress``.
+
+    Constructed either the library's way, ``AdvancedContextManager(config,
+    token_counter=, model=, summarizer=)``, or the design's: v2.1
+    ``AdvancedContextManager(max_tokens=, compression_mode=, llm_summarizer=,
+    token_counter=)`` and v2.0 ``AdvancedContextManager(max_tokens=200000,
+    compression_config=None)``. ``max_tokens`` and ``compression_mode`` override the
+    config's ``max_tokens`` and ``strategy`` (on a copy). An ``llm_summarizer`` (a
+    LangChain chat model, a callable or a Summarizer) is wrapped by
+    ``as_summarizer``; given without a config, the LLM summarises every SUMMARIZE
+    span (``enable_llm_summarization=True``, ``llm_summarization_threshold=0``).
 
     Compression itself is synchronous and cheap (per-message analyses are cached);
     only the summariser runs in a background thread, bounded by
@@ -196,24 +297,49 @@ class AdvancedContextManager:
 
     def __init__(
         self,
-        config: Optional[ContextCompressionConfig] = None,
+        config: Any = None,
         *,
         token_counter: Any = None,
         model: str = "claude-3-sonnet",
         summarizer: Optional[Summarizer] = None,
         summary_cache: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        max_tokens: Optional[int] = None,
+        compression_mode: Any = None,
+        llm_summarizer: Any = None,
+        compression_config: Optional[ContextCompressionConfig] = None,
     ) -> None:
-        self.config = config if config is not None else ContextCompressionConfig()
-        if not isinstance(self.config, ContextCompressionConfig):
+        if isinstance(config, int) and not isinstance(config, bool):  # v2.0: AdvancedContextManager(200000)
+            if max_tokens is not None:
+                raise TypeError("max_tokens given twice")
+            config, max_tokens = None, config
+        if compression_config is not None:
+            if config is not None:
+                raise TypeError("give config or compression_config, not both")
+            config = compression_config
+        if llm_summarizer is not None and summarizer is not None:
+            raise TypeError("give summarizer or llm_summarizer, not both")
+        if config is None:
+            config = ContextCompressionConfig()
+            if llm_summarizer is not None:
+                config = dataclasses.replace(config, enable_llm_summarization=True, llm_summarization_threshold=0)
+        if not isinstance(config, ContextCompressionConfig):
             raise TypeError("config must be a ContextCompressionConfig")
+        overrides: dict[str, Any] = {}
+        if max_tokens is not None:
+            _check_int(max_tokens, "max_tokens", 1)
+            overrides["max_tokens"] = max_tokens
+        if compression_mode is not None:
+            overrides["strategy"] = self._mode(compression_mode)
+        self.config = dataclasses.replace(config, **overrides) if overrides else config
         self.config.validate()
         if token_counter is None:
             token_counter = get_token_counter()
         if not callable(getattr(token_counter, "count_message_tokens", None)):
             raise TypeError("token_counter needs a count_message_tokens(message, model) method")
         self.model = model
-        self.summarizer = summarizer
+        self.summarizer = summarizer if summarizer is not None else as_summarizer(llm_summarizer)
+        self._init_state()
         self._analyzer = MessageAnalyzer(token_counter, model)
         self._extractive = ExtractiveSummarizer(self._analyzer.count_text)
         if summary_cache is None:
@@ -228,12 +354,35 @@ class AdvancedContextManager:
 
     # -- public
 
+    @property
+    def max_tokens(self) -> int:
+        """The context window (``config.max_tokens``)."""
+        return self.config.max_tokens
+
+    @property
+    def compression_threshold(self) -> float:
+        """The share of the window that triggers compression (``config.threshold_ratio``)."""
+        return self.config.threshold_ratio
+
+    @property
+    def llm_compressor(self) -> Optional[Summarizer]:
+        """The design's lazily built LLM compressor: the summariser used for SUMMARIZE
+        when ``enable_llm_summarization`` is on (None otherwise)."""
+        return self.summarizer if self.config.enable_llm_summarization else None
+
     def count_tokens(self, messages: Sequence[Any]) -> int:
         """The tokens of a message list, as compression counts them (cached)."""
         return sum(info.tokens for info in self._analyzer.analyse(messages)[1])
 
-    def should_compress(self, messages_or_tokens: Any) -> bool:
-        tokens = messages_or_tokens if isinstance(messages_or_tokens, int) else self.count_tokens(messages_or_tokens)
+    def should_compress(self, messages_or_tokens: Any = None) -> bool:
+        """Over ``max_tokens * threshold_ratio``? For a message list, a token count,
+        or (no argument) the messages stored by ``add_message``."""
+        if messages_or_tokens is None:
+            tokens = self.total_tokens
+        elif isinstance(messages_or_tokens, int):
+            tokens = messages_or_tokens
+        else:
+            tokens = self.count_tokens(messages_or_tokens)
         return self.config.should_compress(tokens)
 
     def spent_last_hour_usd(self) -> float:
@@ -245,17 +394,28 @@ class AdvancedContextManager:
         messages: Sequence[Any],
         target_tokens: Optional[int] = None,
         mode: Optional[CompressionMode] = None,
-    ) -> tuple[list[Any], CompressionResult]:
+    ) -> CompressedMessages:
         """Compress ``messages`` to at most ``target_tokens`` (default
-        ``max_tokens * target_ratio``) with ``mode`` (default ``config.strategy``).
+        ``max_tokens * target_ratio``) with ``mode`` (default ``config.strategy``):
+        the new list, whose ``.result`` is the CompressionResult.
 
         Raises ValueError for malformed messages and ConfigError (a ValueError) for a
         target that is not a positive integer. Never raises for summariser trouble.
         """
+        output, result = self.compress_with_result(messages, target_tokens, mode)
+        return CompressedMessages(output, result)
+
+    def compress_with_result(
+        self,
+        messages: Sequence[Any],
+        target_tokens: Optional[int] = None,
+        mode: Optional[CompressionMode] = None,
+    ) -> tuple[list[Any], CompressionResult]:
+        """``compress`` returning ``(messages, result)``."""
         started = time.perf_counter()
         self.config.validate()  # it may have been changed since (admin, remote config)
         target = self._target(target_tokens)
-        requested = self._mode(mode)
+        requested = self.config.strategy if mode is None else self._mode(mode)
         kind, infos = self._analyzer.analyse(messages)
         units, notes = group_units(infos)
         total = sum(info.tokens for info in infos)
@@ -286,6 +446,14 @@ class AdvancedContextManager:
         result.duration_ms = (time.perf_counter() - started) * 1000
         return output, result
 
+    # -- the stateful form (StatefulContext)
+
+    def _count_one(self, message: Any) -> int:
+        return self._analyzer.analyse([message])[1][0].tokens
+
+    def _compress_stored(self, messages: list[Any]) -> CompressedMessages:
+        return self.compress(messages)
+
     # -- inputs
 
     def _target(self, target_tokens: Optional[int]) -> int:
@@ -295,9 +463,10 @@ class AdvancedContextManager:
             raise ConfigError("target_tokens", "must be a positive integer")
         return target_tokens
 
-    def _mode(self, mode: Any) -> CompressionMode:
+    @staticmethod
+    def _mode(mode: Any) -> CompressionMode:
         if mode is None:
-            return self.config.strategy
+            raise ConfigError("mode", "no compression mode")
         try:
             return CompressionMode(mode)
         except ValueError:
@@ -658,16 +827,21 @@ def _estimate(summarizer: Summarizer, input_tokens: int, output_tokens: int) -> 
         return math.nan
 
 
-class BasicContextManager:
+class BasicContextManager(StatefulContext):
     """The seeds' simple manager: keep the system messages and the last
     ``keep_recent`` *rounds* (a round starts at a user message that is not only tool
     results), dropping older rounds, and fewer recent ones if even those exceed
-    ``max_tokens`` (the newest round is always kept). Rounds keep tool calls and their
-    results together. No priorities, no LLM; mode is TRUNCATE and the target is
-    ``max_tokens``.
+    the target (``max_tokens`` unless given; the newest round is always kept). Rounds
+    keep tool calls and their results together. No priorities, no LLM; mode is
+    TRUNCATE. ``compress`` returns the list (``.result`` the CompressionResult).
+
+    The design's stateful form (``add_message`` ...) compresses the stored context,
+    once over ``max_tokens * compression_threshold``, to half of ``max_tokens``.
     """
 
     threshold_ratio = 0.8
+    #: The share of max_tokens the stateful form compresses to.
+    target_ratio = 0.5
 
     def __init__(
         self,
@@ -685,11 +859,36 @@ class BasicContextManager:
         self.keep_recent = keep_recent
         self.model = model
         self._analyzer = MessageAnalyzer(token_counter, model)
+        self._init_state()
 
-    def should_compress(self, current_tokens: int) -> bool:
+    @property
+    def compression_threshold(self) -> float:
+        return self.threshold_ratio
+
+    def should_compress(self, current_tokens: Optional[int] = None) -> bool:
+        """Over ``max_tokens * 0.8``? For a token count, or (no argument) the stored messages."""
+        if current_tokens is None:
+            current_tokens = self.total_tokens
         return current_tokens > self.max_tokens * self.threshold_ratio
 
-    def compress(self, messages: Sequence[Any]) -> tuple[list[Any], CompressionResult]:
+    def compress(self, messages: Sequence[Any], target_tokens: Optional[int] = None) -> CompressedMessages:
+        """The kept messages; ``.result`` says what happened to each."""
+        output, result = self.compress_with_result(messages, target_tokens)
+        return CompressedMessages(output, result)
+
+    def _count_one(self, message: Any) -> int:
+        return self._analyzer.analyse([message])[1][0].tokens
+
+    def _compress_stored(self, messages: list[Any]) -> CompressedMessages:
+        return self.compress(messages, max(1, int(self.max_tokens * self.target_ratio)))
+
+    def compress_with_result(
+        self, messages: Sequence[Any], target_tokens: Optional[int] = None
+    ) -> tuple[list[Any], CompressionResult]:
+        """``compress`` returning ``(messages, result)``."""
+        limit = self.max_tokens if target_tokens is None else target_tokens
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise ConfigError("target_tokens", "must be a positive integer")
         started = time.perf_counter()
         _, infos = self._analyzer.analyse(messages)
         units, notes = group_units(infos)
@@ -705,22 +904,27 @@ class BasicContextManager:
         plan = _Plan([MessageAction.KEPT] * len(infos), [info.why for info in infos])
         protected_tokens = sum(u.tokens for u in units if u.protected)
         kept = rounds[-self.keep_recent :]
-        while len(kept) > 1 and protected_tokens + sum(u.tokens for r in kept for u in r) > self.max_tokens:
+        while len(kept) > 1 and protected_tokens + sum(u.tokens for r in kept for u in r) > limit:
             kept = kept[1:]
         first_kept = len(rounds) - len(kept)
         for number, round_units in enumerate(rounds):
             if number < first_kept:
                 why = f"dropped: older than the last {self.keep_recent} rounds"
                 if number >= len(rounds) - self.keep_recent:
-                    why = "dropped: the recent rounds alone exceed max_tokens"
+                    why = "dropped: the recent rounds alone exceed " + ("max_tokens" if target_tokens is None else "the target")
                 for unit in round_units:
                     _mark(plan, unit, MessageAction.DROPPED, why)
             else:
                 for unit in round_units:
                     _mark(plan, unit, MessageAction.KEPT, "kept: in a recent round")
         snapshot = {"max_tokens": self.max_tokens, "keep_recent": self.keep_recent}
-        output, result = _assemble(messages, infos, plan, notes, self.max_tokens, self._analyzer, snapshot)
+        output, result = _assemble(messages, infos, plan, notes, limit, self._analyzer, snapshot)
         result.mode = CompressionMode.TRUNCATE
         result.requested_mode = CompressionMode.TRUNCATE
         result.duration_ms = (time.perf_counter() - started) * 1000
         return output, result
+
+
+class ThreadSafeContextManager(BasicContextManager):
+    """The design's thread-safe variant (v2.0 §4). Every manager here already stores
+    and compresses under its own lock, so this adds nothing but the name."""

@@ -40,8 +40,9 @@ class ToolTimeoutError(PipelineError, TimeoutError):
     """A tool did not finish within its timeout (the seeds' TimeoutException)."""
 
 
-class SkillError(PipelineError):
-    """Base of skill loading and activation errors."""
+class SkillError(PipelineError, ValueError):
+    """Base of skill loading and activation errors. A ValueError, as the design
+    raises for a cycle or too deep a nesting (``except ValueError`` catches them)."""
 
 
 class CircularDependencyError(SkillError):

@@ -38,12 +38,50 @@ class LockManager:
     """Per-key locks, reference counted: created on first use, removed when the last
     user lets go, never replaced while anyone holds or waits for them.
 
-    The table therefore holds only keys in use, so it needs no size bound.
+    The table therefore holds only keys in use, so it needs no size bound: the
+    design's ``max_locks`` is accepted and not needed (nothing idle is kept to evict).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_locks: int = 1000) -> None:
+        if isinstance(max_locks, bool) or not isinstance(max_locks, int) or max_locks < 1:
+            raise ValueError("max_locks must be a positive integer")
+        self.max_locks = max_locks
         self._entries: dict[str, _LockEntry] = {}
         self._guard = threading.Lock()
+
+    @contextmanager
+    def acquire(self, key: str, timeout: Optional[float] = None) -> Iterator[Any]:
+        """The design's form of ``lock``: yields the key's RLock while held.
+        Raises LockTimeoutError (a TimeoutError) if not had within ``timeout`` s."""
+        entry = self._check_out(key)
+        try:
+            acquired = entry.lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
+            if not acquired:
+                raise LockTimeoutError(f"Failed to acquire lock for {key[:80]!r} within {timeout} s")
+            try:
+                yield entry.lock
+            finally:
+                entry.lock.release()
+        finally:
+            self._check_in(key, entry)
+
+    def get_ref_count(self, key: str) -> int:
+        """The design's name of ``ref_count``."""
+        return self.ref_count(key)
+
+    def cleanup(self, key: str) -> bool:
+        """The design's explicit clean-up: True if ``key`` has no lock in use (there is
+        then nothing to remove: unused locks are removed as soon as released), False
+        while someone holds or waits for it."""
+        return self.ref_count(key) == 0
+
+    def clear_all(self) -> None:
+        """The design's shutdown call. Locks in use are never dropped (a thread
+        holding one would otherwise share its critical section with the next taker);
+        unused ones are already gone, so this only checks the table."""
+        with self._guard:
+            for key in [k for k, e in self._entries.items() if e.users == 0]:
+                del self._entries[key]
 
     @contextmanager
     def lock(self, key: str, timeout: Optional[float] = None) -> Iterator[None]:
@@ -89,6 +127,44 @@ class LockManager:
             return len(self._entries)
 
 
+class ConversationLock:
+    """A per-key lock handle with ``threading.Lock``'s interface (``acquire``,
+    ``release``, ``with``) whose lock lives in a LockManager: held or waited for, it
+    cannot be evicted, so two holders of one key always share one lock."""
+
+    def __init__(self, manager: LockManager, key: str) -> None:
+        self._manager = manager
+        self._key = key
+        self._held: list[_LockEntry] = []  # entries this handle acquired (re-entrant)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        entry = self._manager._check_out(self._key)
+        try:
+            acquired = entry.lock.acquire(blocking, timeout)
+        except BaseException:
+            self._manager._check_in(self._key, entry)
+            raise
+        if not acquired:
+            self._manager._check_in(self._key, entry)
+            return False
+        self._held.append(entry)
+        return True
+
+    def release(self) -> None:
+        if not self._held:
+            raise RuntimeError("release unlocked lock")
+        entry = self._held.pop()
+        entry.lock.release()
+        self._manager._check_in(self._key, entry)
+
+    def __enter__(self) -> "ConversationLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.release()
+
+
 _default_lock_manager = LockManager()
 
 
@@ -115,6 +191,41 @@ def _check_messages(messages: Any) -> Optional[str]:
     return None
 
 
+def thread_config(conversation_id: str) -> dict[str, Any]:
+    """The LangGraph config addressing a conversation's thread."""
+    return {"configurable": {"thread_id": conversation_id}}
+
+
+def _is_langchain_state(snapshot: Any, current: list[Any]) -> bool:
+    try:
+        from langchain_core.messages import BaseMessage
+    except ImportError:  # langchain is an optional extra
+        return False
+    if any(isinstance(message, BaseMessage) for message in current):
+        return True
+    # A LangGraph StateSnapshot (values, next, config, ...) of a thread with no messages yet.
+    return hasattr(snapshot, "values") and hasattr(snapshot, "next") and hasattr(snapshot, "config")
+
+
+def to_langchain_message(message: Mapping[str, Any]) -> Any:
+    """The design's conversion of an injected dict: user -> HumanMessage, assistant
+    -> AIMessage (system -> SystemMessage, tool -> ToolMessage), ``additional_kwargs``
+    kept and ``isMeta`` carried in them."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    extra = dict(message.get("additional_kwargs") or {})
+    if message.get("isMeta"):
+        extra["isMeta"] = True
+    role, content = message["role"], message["content"]
+    if role == "user":
+        return HumanMessage(content=content, additional_kwargs=extra)
+    if role == "assistant":
+        return AIMessage(content=content, additional_kwargs=extra)
+    if role == "system":
+        return SystemMessage(content=content, additional_kwargs=extra)
+    return ToolMessage(content=content, tool_call_id=message.get("tool_call_id", ""), additional_kwargs=extra)
+
+
 def _current_messages(state: Any) -> list[Any]:
     """The 'messages' list of a state: a mapping, a LangGraph StateSnapshot
     (``.values``) or an object with a ``messages`` attribute. Missing means empty."""
@@ -135,6 +246,21 @@ class MessageInjectionProtocol:
     """Appends skill messages (SkillActivationResult.to_llm_messages()) to a
     conversation's agent state, atomically per conversation."""
 
+    @classmethod
+    def _get_lock(cls, conversation_id: str) -> ConversationLock:
+        """v2.1's per-conversation lock: a handle on the global LockManager's lock
+        for the conversation (the design's ``lru_cache`` could evict a held lock)."""
+        return ConversationLock(get_lock_manager(), conversation_id)
+
+    @staticmethod
+    @contextmanager
+    def _conversation_lock(conversation_id: str, lock_manager: Optional[LockManager] = None) -> Iterator[Any]:
+        """The design's helper: hold the conversation's lock (the global manager's
+        unless one is given)."""
+        manager = lock_manager if lock_manager is not None else get_lock_manager()
+        with manager.acquire(conversation_id) as lock:
+            yield lock
+
     @staticmethod
     def inject_into_state(
         messages: list[dict[str, Any]],
@@ -146,11 +272,17 @@ class MessageInjectionProtocol:
     ) -> bool:
         """Append ``messages`` to the state's message list; True on success.
 
-        ``agent_state`` is any object with ``get_state()`` returning the state and
-        ``update_state(dict)`` taking ``{"messages": the new full list}``. Returns
-        False, logging why, for malformed messages, a state object without those
-        methods, a failing state, or a lock not had within ``timeout``: the agent
-        keeps running and the state is left as it was.
+        ``agent_state`` is a compiled LangGraph graph with a checkpointer, or any
+        object with its two methods: ``get_state(config)`` returning the state (a
+        StateSnapshot, a mapping, or an object with ``messages``) and
+        ``update_state(config, values)`` taking ``{"messages": the new full list}``,
+        where ``config`` is ``{"configurable": {"thread_id": conversation_id}}``.
+        Into a state holding LangChain messages (any LangGraph state) the dicts go as
+        HumanMessage / AIMessage / SystemMessage, as the design converts them; into a
+        dict state, as dicts. Returns False, logging why, for malformed messages, a
+        state object without those methods, a failing state (a graph without a
+        checkpointer), or a lock not had within ``timeout``: the agent keeps running
+        and the state is left as it was.
         """
         problem = _check_messages(messages)
         if problem is None and not (isinstance(conversation_id, str) and conversation_id):
@@ -167,8 +299,14 @@ class MessageInjectionProtocol:
         manager = lock_manager if lock_manager is not None else get_lock_manager()
         try:
             with manager.lock(conversation_id, timeout=timeout):
-                current = _current_messages(agent_state.get_state())
-                agent_state.update_state({"messages": current + [dict(m) for m in messages]})
+                config = thread_config(conversation_id)
+                snapshot = agent_state.get_state(config)
+                current = _current_messages(snapshot)
+                if _is_langchain_state(snapshot, current):
+                    new = [to_langchain_message(m) for m in messages]
+                else:
+                    new = [dict(m) for m in messages]
+                agent_state.update_state(config, {"messages": current + new})
         except LockTimeoutError as exc:
             logger.error("skill message injection into %r gave up: %s", conversation_id[:80], exc)
             return False

@@ -68,6 +68,10 @@ class SkillActivationRequest(BaseModel):
     activation_chain: list[str] = Field(default_factory=list)
     # Level 3 only: resource paths to read now; empty lists what is available instead.
     resources: list[str] = Field(default_factory=list, max_length=64)
+    # v2.0's context of the request, carried to nested requests unchanged.
+    conversation_id: Optional[str] = Field(default=None, max_length=200)
+    user_request: Optional[str] = None
+    conversation_history: list[dict[str, Any]] = Field(default_factory=list)
 
     @field_validator("skill_name")
     @classmethod
@@ -116,21 +120,26 @@ class SkillActivationRequest(BaseModel):
 
     def create_nested_request(
         self,
-        skill_name: str,
+        nested_skill: str,
         activation_id: Optional[str] = None,
         *,
         load_level: Optional[LoadLevel] = None,
     ) -> "SkillActivationRequest":
-        """The request for a skill this one activates, with the chain extended."""
-        validate_skill_name(skill_name)
-        check_nesting(self.path, skill_name, self.max_depth)
+        """The request for a skill this one activates, with the chain extended.
+        A cycle raises CircularDependencyError, too deep a nesting SkillError (both
+        ValueErrors, as in the design)."""
+        validate_skill_name(nested_skill)
+        check_nesting(self.path, nested_skill, self.max_depth)
         return SkillActivationRequest(
-            skill_name=skill_name,
+            skill_name=nested_skill,
             activation_id=activation_id or _new_activation_id(),
             load_level=self.load_level if load_level is None else load_level,
             activation_depth=self.activation_depth + 1,
             max_depth=self.max_depth,
             activation_chain=self.path,
+            conversation_id=self.conversation_id,
+            user_request=self.user_request,
+            conversation_history=self.conversation_history,
         )
 
 
@@ -163,15 +172,19 @@ class SkillActivationStack:
     def __len__(self) -> int:
         return self.depth
 
-    def push(self, skill_name: str, activation_id: str) -> None:
+    def push(self, skill_name: str, activation_id: str) -> bool:
+        """Push an activation; True (the design's return). A cycle raises
+        CircularDependencyError, too deep a nesting SkillError (both ValueErrors)."""
         validate_skill_name(skill_name)
         with self._lock:
             check_nesting([frame[0] for frame in self._frames], skill_name, self.max_depth)
             self._frames.append((skill_name, activation_id, datetime.now()))
+        return True
 
-    def pop(self, skill_name: str, activation_id: Optional[str] = None) -> None:
+    def pop(self, skill_name: str, activation_id: Optional[str] = None) -> bool:
         """Pop the top activation, which must be ``skill_name`` (and ``activation_id``
-        when given): a mismatch means activations were not nested properly."""
+        when given): a mismatch means activations were not nested properly and raises
+        SkillError (the design logged it and returned False). True otherwise."""
         with self._lock:
             if not self._frames:
                 raise SkillError(f"cannot pop {skill_name!r}: no skill is active")
@@ -182,6 +195,29 @@ class SkillActivationStack:
                     f"but {top_name!r} ({top_id}) is on top"
                 )
             self._frames.pop()
+        return True
+
+    # The design's names.
+    def contains(self, skill_name: str) -> bool:
+        with self._lock:
+            return any(frame[0] == skill_name for frame in self._frames)
+
+    def get_stack_names(self) -> list[str]:
+        return self.current_chain
+
+    def get_chain(self) -> list[str]:
+        return self.current_chain
+
+    def get_depth(self) -> int:
+        return self.depth
+
+    def __enter__(self) -> "SkillActivationStack":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        """Leaving ``with SkillActivationStack() as stack:`` empties the stack."""
+        with self._lock:
+            self._frames.clear()
 
     @contextmanager
     def activate(self, skill_name: str, activation_id: Optional[str] = None) -> Iterator[str]:
@@ -255,7 +291,7 @@ class SkillActivationResult(BaseModel):
 
     skill_name: str
     activation_id: str
-    load_level: LoadLevel
+    load_level: LoadLevel = 2  # the design's result has no level: the default request's
     messages: list[SkillMessage] = Field(default_factory=list)
     context_modifier: ContextModifier = Field(default_factory=ContextModifier)
     # Tokens of the skill material loaded (summary, body, resources or their index);

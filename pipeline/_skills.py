@@ -444,6 +444,42 @@ class SkillLoader:
                         return found
         return found
 
+    # the design's names (v2.0 "Progressive Disclosure Implementation")
+
+    def load_skill(self, skill_name: str, level: int = 2) -> Any:
+        """The skill at disclosure ``level`` (1 metadata, 2 full instructions,
+        3 with the list of its resources) as a ``SkillActivationResult``; a skill
+        that cannot be loaded gives a failed result, never an exception."""
+        from ._skill_activation import SkillActivationRequest, SkillActivator
+
+        return SkillActivator(self).activate(SkillActivationRequest(skill_name=skill_name, load_level=level))
+
+    def _get_skill_path(self, skill_name: str) -> Path:
+        return self.skill_folder(skill_name)
+
+    def _load_frontmatter(self, skill_name: str) -> dict[str, Any]:
+        """Level 1 as a dict."""
+        return self.load_metadata(skill_name).model_dump()
+
+    def _load_skill_md(self, skill_name: str) -> str:
+        """Level 2: the SKILL.md body after the frontmatter."""
+        return self.load_full(skill_name).body
+
+    def _load_resources(self, skill_name: str) -> dict[str, str]:
+        """Level 3 as the design reads it: the files under ``scripts/`` and
+        ``references/`` (with the usual size and path checks), keyed by their path
+        in the skill."""
+        return {
+            path: self.load_resource(skill_name, path).content
+            for path in self.list_resources(skill_name)
+            if path.startswith(("scripts/", "references/"))
+        }
+
+    def _get_context_modifier(self, skill_name: str) -> Any:
+        from ._skill_activation import ContextModifier
+
+        return ContextModifier.from_metadata(self.load_metadata(skill_name))
+
     # dependencies
 
     def resolve_uses(self, name: str, *, max_depth: int = 3) -> list[str]:

@@ -77,11 +77,19 @@ class ModelFamily(str, Enum):
     DEEPSEEK = "deepseek"
     CUSTOM = "custom"
 
+    @classmethod
+    def _missing_(cls, value: object) -> Optional["ModelFamily"]:
+        # The design documents spell Mistral's value "mistal"; read it as "mistral".
+        if isinstance(value, str) and value.strip().lower() == "mistal":
+            return cls.MISTRAL
+        return None
+
 
 @runtime_checkable
 class TokenEncoder(Protocol):
     """What a custom encoder provides: ``encode`` (we count the ids) or, when the
-    object also has ``count_tokens(text) -> int``, that method is used instead."""
+    object also has ``count_tokens(text) -> int``, that method is used instead.
+    The design's ``decode`` is welcome but never called."""
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -123,10 +131,17 @@ class EncoderConfig(BaseConfig):
     encoding_name: str = DEFAULT_ENCODING
     safety_margin: Optional[float] = None
     use_exact_counting: bool = False
+    #: The design's URL of a provider's counting API. Recorded, never called by the
+    #: library: exact counts come from ``configure_api_client`` (no network in counting).
+    exact_counting_api: Optional[str] = None
+    #: The design's encoder-specific parameters, kept for custom encoders' factories.
+    encoder_params: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
     patterns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_family", _family(self.model_family))
+        if self.encoder_params is None:
+            object.__setattr__(self, "encoder_params", {})
         if isinstance(self.patterns, str):
             object.__setattr__(self, "patterns", (self.patterns,))
         elif isinstance(self.patterns, list):
@@ -141,6 +156,16 @@ class EncoderConfig(BaseConfig):
         if self.safety_margin is not None:
             _check_margin(self.safety_margin)
         require(isinstance(self.use_exact_counting, bool), "use_exact_counting", "must be true or false")
+        require(
+            self.exact_counting_api is None or (isinstance(self.exact_counting_api, str) and len(self.exact_counting_api) <= 2000),
+            "exact_counting_api",
+            "must be a string of at most 2000 characters",
+        )
+        require(
+            isinstance(self.encoder_params, Mapping) and len(self.encoder_params) <= 100,
+            "encoder_params",
+            "must be a mapping of at most 100 entries",
+        )
         require(isinstance(self.patterns, tuple) and len(self.patterns) <= 100, "patterns", "must be a list of at most 100 patterns")
         require(
             all(isinstance(p, str) and 0 < len(p) <= 200 for p in self.patterns),
@@ -204,9 +229,34 @@ def _specificity(pattern: str) -> int:
 
 
 class ModelEncoderRegistry:
-    """Model name -> encoder config and encoder; see the module docstring."""
+    """Model name -> encoder config and encoder; see the module docstring.
+
+    ``ModelEncoderRegistry()`` with no argument is the process-wide registry (the
+    design's singleton), the one ``get_token_counter()`` and ``DynamicTokenCounter()``
+    use: the shipped defaults plus the first config file found (see
+    ``discover_config_file``). With any argument, or through ``create()``, it is a new
+    private registry.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "ModelEncoderRegistry":
+        if not args and not kwargs and cls is ModelEncoderRegistry:
+            return _shared_registry()
+        return super().__new__(cls)
+
+    @classmethod
+    def create(cls, config_path: Union[str, os.PathLike[str], None] = None, *, load_defaults: bool = True) -> "ModelEncoderRegistry":
+        """A new registry of its own (never the shared one)."""
+        registry = super().__new__(cls)
+        registry._setup(config_path, load_defaults)
+        return registry
 
     def __init__(self, config_path: Union[str, os.PathLike[str], None] = None, *, load_defaults: bool = True) -> None:
+        if getattr(self, "_initialized", False):
+            return  # the shared registry, already set up
+        self._setup(config_path, load_defaults)
+
+    def _setup(self, config_path: Union[str, os.PathLike[str], None], load_defaults: bool) -> None:
+        self._initialized = True
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._family_margins: dict[ModelFamily, float] = {}
@@ -243,6 +293,21 @@ class ModelEncoderRegistry:
             raise ConfigError(source, "file is not UTF-8 text") from None
         self.load_config_text(text, source=source)
 
+    def _load_config_from_file(self, path: Union[str, os.PathLike[str], None] = None) -> bool:
+        """The design's loader: ``path``, or the file ``discover_config_file()``
+        finds; a problem is logged as a warning and nothing applied (as the design
+        does). True if a file was loaded. ``load_config_file`` raises instead."""
+        if path is None:
+            path = discover_config_file()
+            if path is None:
+                return False
+        try:
+            self.load_config_file(path)
+        except ConfigError as exc:
+            logger.warning("encoder configs not loaded: %s", exc)
+            return False
+        return True
+
     def load_config_text(self, text: str, *, source: str = "<text>") -> None:
         """Add the entries of a YAML document (same shape as token_encoders.yaml)."""
         try:
@@ -273,6 +338,29 @@ class ModelEncoderRegistry:
         with self._lock:
             self._put_entry(name, config)
             self._invalidate()
+
+    def register_encoder_config(self, model_pattern: str, config: EncoderConfig) -> None:
+        """The design's form: models matching ``model_pattern`` (fnmatch, e.g.
+        ``"claude-*"``) use ``config``; registering a pattern again replaces it."""
+        require(isinstance(model_pattern, str) and 0 < len(model_pattern) <= 200, "model_pattern", "must be a non-empty string")
+        if isinstance(config, EncoderConfig) and not config.patterns:
+            config = dataclasses.replace(config, patterns=(model_pattern,))
+        self.register_config(model_pattern, config)
+
+    def register_custom_encoder(self, model_pattern: str, encoder: Any, config: Optional[EncoderConfig] = None) -> None:
+        """The design's form: models matching ``model_pattern`` count with ``encoder``
+        (and ``config``'s family and margin when given; margin 1.0 otherwise)."""
+        require(isinstance(model_pattern, str) and 0 < len(model_pattern) <= 200, "model_pattern", "must be a non-empty string")
+        if config is None:
+            config = EncoderConfig(ModelFamily.CUSTOM, encoding_name=model_pattern, safety_margin=1.0)
+        elif not isinstance(config, EncoderConfig):
+            raise ConfigError("config", "expected an EncoderConfig")
+        if not config.patterns:
+            config = dataclasses.replace(config, patterns=(model_pattern,))
+        name = config.encoding_name
+        if name in _OFFLINE_ENCODINGS or name == model_pattern:
+            name = f"custom:{model_pattern}"
+        self.register_encoder(name, encoder, config)
 
     def register_encoder(self, name: str, encoder_or_factory: Any, config: Optional[EncoderConfig] = None) -> None:
         """Register a custom encoder under the encoding name ``name``.
@@ -322,6 +410,13 @@ class ModelEncoderRegistry:
 
     def detect_model_family(self, model: str) -> ModelFamily:
         return self.get_encoder_config(model).model_family
+
+    @staticmethod
+    def _match_pattern(model: str, pattern: str) -> bool:
+        """The design's matcher: exact without ``*``, else case-insensitive fnmatch."""
+        if "*" not in pattern:
+            return model == pattern
+        return fnmatch.fnmatch(model.lower(), pattern.lower())
 
     def get_encoder_config(self, model: str) -> EncoderConfig:
         """The effective config for ``model`` (``safety_margin`` always filled in)."""
@@ -410,10 +505,16 @@ class ModelEncoderRegistry:
         else:
             offline = _OFFLINE_ENCODINGS.get(name)
             if offline is None:
-                raise ConfigError(
-                    "encoding_name",
-                    f"no offline data for encoding {name[:100]!r}: use {DEFAULT_ENCODING!r} or register_encoder() a custom one",
+                # As the design does: an encoding we cannot load counts with
+                # cl100k_base (and the entry's margin), with a warning, rather than
+                # failing every count of that model.
+                logger.warning(
+                    "no offline data for encoding %r: counting with %s and the entry's margin "
+                    "(register_custom_encoder() to count with the model's own tokenizer)",
+                    name[:100],
+                    DEFAULT_ENCODING,
                 )
+                offline = _OFFLINE_ENCODINGS[DEFAULT_ENCODING]
             encoder = _load_offline_encoding(offline)
         with self._lock:
             return self._encoders.setdefault(name, encoder)
@@ -578,11 +679,30 @@ class DynamicTokenCounter:
         """``registry.set_margin``: change a family's margin at run time."""
         self._registry.set_margin(family, margin)
 
-    def configure_api_client(self, model_family: Union[ModelFamily, str], client: Callable[[str, str], int]) -> None:
-        """Use ``client(text, model) -> int`` for families whose config says
-        ``use_exact_counting``; if it fails, the estimate is used and a warning logged."""
-        require(callable(client), "client", "must be callable as client(text, model) -> int")
-        self._api_clients[_family(model_family)] = client
+    def configure_api_client(
+        self, model_family: Union[ModelFamily, str], client: Any, api_key: Optional[str] = None
+    ) -> None:
+        """Use ``client`` for exact counts of families whose config says
+        ``use_exact_counting``: a callable ``client(text, model) -> int``, an object
+        with ``count_tokens(text, model) -> int``, or an Anthropic SDK client (its
+        ``messages.count_tokens``). If it fails, the estimate is used
+        and a warning logged. ``api_key`` (the design's parameter) is for clients that
+        need one and is not kept: give the client its own key."""
+        count = client if callable(client) else getattr(client, "count_tokens", None)
+        messages_api = getattr(client, "messages", None)
+        if not callable(count) and callable(getattr(messages_api, "count_tokens", None)):
+            # Anthropic's SDK client: messages.count_tokens(model=, messages=).input_tokens
+            def count(text: str, model: str) -> int:
+                reply = messages_api.count_tokens(model=model, messages=[{"role": "user", "content": text}])
+                return getattr(reply, "input_tokens", None)  # type: ignore[return-value]
+
+        require(
+            callable(count),
+            "client",
+            "must be callable as client(text, model) -> int, have count_tokens(text, model), "
+            "or be an Anthropic client (messages.count_tokens)",
+        )
+        self._api_clients[_family(model_family)] = count
 
     def count_tokens(self, text: str, model: str = DEFAULT_MODEL) -> int:
         """Tokens of ``text`` for ``model``, margin included (``ceil``)."""
@@ -624,6 +744,10 @@ class DynamicTokenCounter:
         raw = sum(count_raw(text) for text in parts.texts)
         return counter.with_margin(raw + parts.fixed) + MESSAGE_OVERHEAD_TOKENS
 
+    def _count_tokens_exact(self, text: str, model: str, config: EncoderConfig) -> Optional[int]:
+        """The design's name: the configured client's count, or None."""
+        return self._exact(text, model, config)
+
     def _exact(self, text: str, model: str, config: EncoderConfig) -> Optional[int]:
         client = self._api_clients.get(config.model_family)
         if client is None:
@@ -639,19 +763,55 @@ class DynamicTokenCounter:
         return value
 
 
-_global_lock = threading.Lock()
+#: Where the process-wide registry looks for a config file, first found wins (after
+#: the environment variable): the design's three paths, relative ones against the
+#: working directory.
+CONFIG_SEARCH_PATHS = ("config/token_encoders.yaml", "config/token_encoders.yml", "~/.ba-agent/token_encoders.yaml")
+
+_global_lock = threading.RLock()
 _global_counter: Optional[DynamicTokenCounter] = None
+_global_registry: Optional[ModelEncoderRegistry] = None
+
+
+def discover_config_file() -> Optional[Path]:
+    """The config file of the process-wide registry: the file named by
+    ``PIPELINE_TOKEN_ENCODERS`` if set (it must exist), else the first of
+    ``CONFIG_SEARCH_PATHS`` that exists, else None (the shipped defaults alone)."""
+    named = os.environ.get(CONFIG_ENV_VAR)
+    if named:
+        return Path(named)
+    for candidate in CONFIG_SEARCH_PATHS:
+        path = Path(candidate).expanduser()
+        if path.is_file():
+            return path
+    return None
+
+
+def _shared_registry() -> ModelEncoderRegistry:
+    global _global_registry
+    registry = _global_registry
+    if registry is None:
+        with _global_lock:
+            if _global_registry is None:
+                path = discover_config_file()
+                _global_registry = ModelEncoderRegistry.create(path)
+                if path is not None:
+                    logger.info("token encoder configs loaded from %s", path.name)
+            registry = _global_registry
+    return registry
 
 
 def get_token_counter() -> DynamicTokenCounter:
-    """The process-wide counter: the shipped defaults plus the YAML file named by
-    the PIPELINE_TOKEN_ENCODERS environment variable, if set."""
+    """The process-wide counter, on the process-wide registry
+    (``ModelEncoderRegistry()``): the shipped defaults plus the file
+    ``discover_config_file()`` finds. A file that is found but invalid raises
+    ConfigError naming it (a silently ignored margin would under-count)."""
     global _global_counter
     counter = _global_counter
     if counter is None:
         with _global_lock:
             if _global_counter is None:
-                _global_counter = DynamicTokenCounter(ModelEncoderRegistry(os.environ.get(CONFIG_ENV_VAR) or None))
+                _global_counter = DynamicTokenCounter(_shared_registry())
             counter = _global_counter
     return counter
 

@@ -92,5 +92,5 @@ def compression_preview(
     bad config or target."""
     messages = conversation_messages(conversation)
     manager = AdvancedContextManager(config, model=conversation.model or DEFAULT_MODEL)
-    _, result = manager.compress(messages, target_tokens=target_tokens)
+    _, result = manager.compress_with_result(messages, target_tokens=target_tokens)
     return result, len(messages)

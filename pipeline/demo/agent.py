@@ -414,7 +414,7 @@ class DemoAgent:
         with self.telemetry.compression_span(
             conversation.conversation_id, config.strategy, state.round_id, tokens_before=tokens
         ) as span:
-            messages, result = self.context_manager.compress(conversation.messages)
+            messages, result = self.context_manager.compress_with_result(conversation.messages)
             span.record_compression(result)
         result.model = self.model.name
         conversation.messages = messages

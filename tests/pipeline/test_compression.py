@@ -20,6 +20,7 @@ from pipeline import (
     CompressionMode,
     CompressionRecord,
     ContextCompressionConfig,
+    ExtractiveSummarizer,
     LLMSummarizer,
     MessageAction,
     MessagePriority,
@@ -148,8 +149,8 @@ def test_it_round_trips_through_a_dict() -> None:
 
 def test_it_refuses_unknown_keys_and_non_mappings() -> None:
     with pytest.raises(ConfigError) as raised:
-        ContextCompressionConfig.from_dict({"max_cost_per_hour": 1})
-    assert raised.value.field == "max_cost_per_hour"
+        ContextCompressionConfig.from_dict({"max_cost_per_day": 1})
+    assert raised.value.field == "max_cost_per_day"
     with pytest.raises(ConfigError):
         ContextCompressionConfig.from_dict(["strategy"])  # type: ignore[arg-type]
 
@@ -187,7 +188,7 @@ def test_it_validates_a_config_changed_after_construction() -> None:
 
 def test_it_keeps_everything_under_the_target() -> None:
     messages = conversation(3)
-    output, result = manager().compress(messages, target_tokens=tokens(messages))
+    output, result = manager().compress_with_result(messages, target_tokens=tokens(messages))
     assert output == messages and all(a is b for a, b in zip(output, messages))
     assert result.count(A.KEPT) == len(messages) and result.target_met
     assert result.changes[1].reason == "within target: nothing to drop"
@@ -196,7 +197,7 @@ def test_it_keeps_everything_under_the_target() -> None:
 def test_it_truncate_keeps_the_system_message_and_the_newest_that_fit() -> None:
     messages = conversation(12)
     target = tokens(messages) // 3
-    output, result = manager().compress(messages, target_tokens=target, mode=CompressionMode.TRUNCATE)
+    output, result = manager().compress_with_result(messages, target_tokens=target, mode=CompressionMode.TRUNCATE)
     assert_invariants(messages, output, result)
     kept = kept_indices(result)
     assert kept[0] == 0
@@ -208,7 +209,7 @@ def test_it_truncate_keeps_the_system_message_and_the_newest_that_fit() -> None:
 def test_it_truncate_shortens_an_oversized_newest_message_rather_than_drop_it() -> None:
     question = "Please analyse this export. " + "row,east,1200\n" * 3_000
     messages = [{"role": "system", "content": "rules"}, {"role": "user", "content": "hi"}, {"role": "user", "content": question}]
-    output, result = manager().compress(messages, target_tokens=500, mode="truncate")
+    output, result = manager().compress_with_result(messages, target_tokens=500, mode="truncate")
     assert_invariants(messages, output, result)
     assert [c.action for c in result.changes] == [A.KEPT, A.DROPPED, A.TRUNCATED]
     shortened = output[-1]
@@ -222,7 +223,7 @@ def test_it_truncate_shortens_an_oversized_newest_message_rather_than_drop_it() 
 
 def test_it_bounds_a_truncated_message_by_truncate_max_chars() -> None:
     messages = [{"role": "user", "content": "word " * 20_000}]
-    output, result = manager(truncate_max_chars=100).compress(messages, target_tokens=5_000, mode="truncate")
+    output, result = manager(truncate_max_chars=100).compress_with_result(messages, target_tokens=5_000, mode="truncate")
     assert result.changes[0].action is A.TRUNCATED
     assert output[0]["content"].startswith("word " * 20)
     assert len(output[0]["content"]) < 100 + 80
@@ -233,7 +234,7 @@ def test_it_shortens_a_tool_result_block_and_keeps_its_call() -> None:
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "export", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "line of the export\n" * 2_000}]},
     ]
-    output, result = manager().compress(messages, target_tokens=400, mode=CompressionMode.EXTRACT)
+    output, result = manager().compress_with_result(messages, target_tokens=400, mode=CompressionMode.EXTRACT)
     assert_invariants(messages, output, result)
     assert [c.action for c in result.changes] == [A.KEPT, A.TRUNCATED]
     block = output[1]["content"][0]
@@ -255,12 +256,12 @@ def test_it_extract_drops_low_then_medium_before_high() -> None:
     ctx = manager(keep_recent=1)
     total = tokens(messages)
     # Just enough pressure to drop the log: only LOW goes.
-    output, result = ctx.compress(messages, target_tokens=total - 50)
+    output, result = ctx.compress_with_result(messages, target_tokens=total - 50)
     assert [c.action for c in result.changes] == [A.KEPT, A.KEPT, A.DROPPED, A.KEPT, A.KEPT, A.KEPT, A.KEPT]
     assert result.changes[2].reason == "dropped: low priority, oldest first"
     # More pressure: the MEDIUM answers go (oldest first), the users stay.
     target = total - tokens(messages[2:4]) - 5
-    output, result = ctx.compress(messages, target_tokens=target)
+    output, result = ctx.compress_with_result(messages, target_tokens=target)
     assert_invariants(messages, output, result)
     assert [c.action for c in result.changes] == [A.KEPT, A.KEPT, A.DROPPED, A.DROPPED, A.KEPT, A.DROPPED, A.KEPT]
     assert output[1] is messages[1] and output[-1] is messages[-1]
@@ -270,7 +271,7 @@ def test_it_extract_spares_the_recent_window() -> None:
     messages = conversation(10)
     ctx = manager(keep_recent=8)
     target = tokens(messages) // 2
-    output, result = ctx.compress(messages, target_tokens=target)
+    output, result = ctx.compress_with_result(messages, target_tokens=target)
     assert_invariants(messages, output, result)
     assert all(c.action is A.KEPT for c in result.changes[-8:])
     assert "within the last 8 messages" in result.changes[-1].reason
@@ -280,7 +281,7 @@ def test_it_extract_spares_the_recent_window() -> None:
 def test_it_extract_drops_into_the_recent_window_when_it_alone_busts_the_target() -> None:
     messages = conversation(6)
     target = tokens(messages[:1]) + tokens(messages[-3:])
-    output, result = manager(keep_recent=12).compress(messages, target_tokens=target)
+    output, result = manager(keep_recent=12).compress_with_result(messages, target_tokens=target)
     assert_invariants(messages, output, result)
     assert result.target_met
     dropped_recent = [c for c in result.changes[-12:] if c.action is A.DROPPED]
@@ -298,7 +299,7 @@ def test_it_keeps_a_tool_call_and_all_its_results_together() -> None:
     ]
     for mode in CompressionMode:
         target = tokens(messages) - tokens(messages[2:3]) + 1  # dropping one result alone would do
-        output, result = manager(keep_recent=0).compress(messages, target_tokens=target, mode=mode)
+        output, result = manager(keep_recent=0).compress_with_result(messages, target_tokens=target, mode=mode)
         assert_invariants(messages, output, result)
         actions = {result.changes[i].action for i in (1, 2, 3)}
         assert len(actions) == 1, (mode, actions)
@@ -308,16 +309,16 @@ def test_it_keeps_a_tool_call_and_all_its_results_together() -> None:
 def test_it_reports_when_only_protected_messages_remain() -> None:
     messages = [{"role": "system", "content": "rule " * 400}, {"role": "user", "content": "short question"}]
     for mode in CompressionMode:
-        output, result = manager().compress(messages, target_tokens=50, mode=mode)
+        output, result = manager().compress_with_result(messages, target_tokens=50, mode=mode)
         assert output == [messages[0]]
         assert not result.target_met and result.only_protected_remain
         assert result.changes[1].action is A.DROPPED
-    output, result = manager().compress(messages[:1], target_tokens=50)
+    output, result = manager().compress_with_result(messages[:1], target_tokens=50)
     assert output == messages[:1] and result.only_protected_remain
 
 
 def test_it_handles_an_empty_list() -> None:
-    output, result = manager().compress([], target_tokens=10)
+    output, result = manager().compress_with_result([], target_tokens=10)
     assert output == [] and result.changes == []
     assert (result.tokens_before, result.tokens_after, result.messages_after) == (0, 0, 0)
     assert result.target_met and not result.only_protected_remain
@@ -333,7 +334,7 @@ def test_it_returns_langchain_messages_for_langchain_input() -> None:
             AIMessage(f"answer {r} " * 20),
         ]
     for mode in CompressionMode:
-        output, result = manager(keep_recent=2).compress(messages, target_tokens=tokens(messages) // 3, mode=mode)
+        output, result = manager(keep_recent=2).compress_with_result(messages, target_tokens=tokens(messages) // 3, mode=mode)
         assert_invariants(messages, output, result)
         assert all(type(m).__name__ in {"SystemMessage", "HumanMessage", "AIMessage", "ToolMessage"} for m in output)
         assert result.mode is mode and result.target_met
@@ -345,7 +346,7 @@ def test_it_returns_langchain_messages_for_langchain_input() -> None:
 
 def test_it_truncates_a_langchain_message_by_copy() -> None:
     messages = [SystemMessage("rules"), HumanMessage("数据如下：" + "扬州分公司销售额上升。" * 800)]
-    output, result = manager().compress(messages, target_tokens=300, mode="truncate")
+    output, result = manager().compress_with_result(messages, target_tokens=300, mode="truncate")
     assert result.changes[1].action is A.TRUNCATED
     assert isinstance(output[1], HumanMessage) and output[1] is not messages[1]
     assert output[1].content.startswith("数据如下：扬州分公司")
@@ -359,7 +360,7 @@ def test_it_compresses_chinese_conversations() -> None:
         messages.append({"role": "assistant", "content": f"第{r}轮的分析结果：销售额同比增长百分之{r}。主要来自线上渠道。" * 5})
     target = tokens(messages) // 2
     for mode in CompressionMode:
-        output, result = manager(keep_recent=2).compress(messages, target_tokens=target, mode=mode)
+        output, result = manager(keep_recent=2).compress_with_result(messages, target_tokens=target, mode=mode)
         assert_invariants(messages, output, result)
         assert result.target_met
     assert "- user: 第0个问题：请统计扬州分公司的销售额。" in result.summaries[0].text
@@ -368,7 +369,7 @@ def test_it_compresses_chinese_conversations() -> None:
 def test_it_summarize_replaces_the_oldest_span_with_one_system_message() -> None:
     messages = conversation(12)
     target = tokens(messages) // 2
-    output, result = manager(keep_recent=4).compress(messages, target_tokens=target, mode=CompressionMode.SUMMARIZE)
+    output, result = manager(keep_recent=4).compress_with_result(messages, target_tokens=target, mode=CompressionMode.SUMMARIZE)
     assert_invariants(messages, output, result)
     assert result.mode is result.requested_mode is CompressionMode.SUMMARIZE and result.fallback_reason is None
     (summary,) = result.summaries
@@ -389,9 +390,9 @@ def test_it_summarize_replaces_the_oldest_span_with_one_system_message() -> None
 def test_it_lets_a_later_summary_absorb_an_earlier_one() -> None:
     ctx = manager(keep_recent=2)
     messages = conversation(10)
-    first, result1 = ctx.compress(messages, target_tokens=tokens(messages) // 2, mode="summarize")
+    first, result1 = ctx.compress_with_result(messages, target_tokens=tokens(messages) // 2, mode="summarize")
     grown = first + conversation(10, start=10)[1:]
-    second, result2 = ctx.compress(grown, target_tokens=tokens(grown) // 2, mode="summarize")
+    second, result2 = ctx.compress_with_result(grown, target_tokens=tokens(grown) // 2, mode="summarize")
     assert_invariants(grown, second, result2)
     old_summary = result2.changes[1]
     assert old_summary.priority is P.HIGH and old_summary.action is A.SUMMARIZED
@@ -400,7 +401,7 @@ def test_it_lets_a_later_summary_absorb_an_earlier_one() -> None:
 
 def test_it_fills_each_change_for_the_diff_page() -> None:
     messages = conversation(6)
-    _, result = manager(keep_recent=2).compress(messages, target_tokens=tokens(messages) // 2)
+    _, result = manager(keep_recent=2).compress_with_result(messages, target_tokens=tokens(messages) // 2)
     dropped_call = next(c for c in result.changes if c.action is A.DROPPED and c.role == "assistant" and c.tool_call_ids)
     assert dropped_call.tokens_after == 0 and dropped_call.new_index is None
     assert dropped_call.content_before.startswith("[tool call] sql_query(")
@@ -411,7 +412,7 @@ def test_it_fills_each_change_for_the_diff_page() -> None:
 
 def test_it_produces_a_result_the_dashboard_accepts() -> None:
     messages = conversation(6)
-    _, result = manager(keep_recent=2).compress(messages, target_tokens=tokens(messages) // 2, mode="summarize")
+    _, result = manager(keep_recent=2).compress_with_result(messages, target_tokens=tokens(messages) // 2, mode="summarize")
     record = CompressionRecord(conversation_id="conv-1", result=result)
     parsed = parse_record(record.model_dump(mode="json"))
     assert parsed.result == result
@@ -435,7 +436,7 @@ def test_it_refuses_an_unknown_mode() -> None:
 
 def test_it_survives_an_oversized_message() -> None:
     messages = [{"role": "system", "content": "rules"}, {"role": "user", "content": "x y z " * 400_000}]
-    output, result = manager().compress(messages, target_tokens=2_000)
+    output, result = manager().compress_with_result(messages, target_tokens=2_000)
     assert_invariants(messages, output, result)
     assert result.changes[1].action is A.TRUNCATED and result.changes[1].content_cut
 
@@ -477,7 +478,7 @@ def llm_manager(llm: Any, **config: Any) -> AdvancedContextManager:
 
 
 def summarize(ctx: AdvancedContextManager, messages: list[dict]) -> tuple[list[Any], Any]:
-    output, result = ctx.compress(messages, target_tokens=tokens(messages) // 2, mode=CompressionMode.SUMMARIZE)
+    output, result = ctx.compress_with_result(messages, target_tokens=tokens(messages) // 2, mode=CompressionMode.SUMMARIZE)
     assert_invariants(messages, output, result)
     assert result.target_met
     return output, result
@@ -604,7 +605,7 @@ def test_it_caps_the_cost_per_hour_with_a_fake_clock_and_fake_llm() -> None:
 def test_it_falls_back_when_there_is_no_room_for_a_summary() -> None:
     messages = [{"role": "system", "content": "rule " * 200}] + conversation(4)[1:]
     target = tokens(messages[:1]) + 10
-    output, result = manager(keep_recent=0).compress(messages, target_tokens=target, mode="summarize")
+    output, result = manager(keep_recent=0).compress_with_result(messages, target_tokens=target, mode="summarize")
     assert_invariants(messages, output, result)
     assert result.mode is CompressionMode.EXTRACT
     assert result.fallback_reason == "no room for a summary within the target"
@@ -620,7 +621,7 @@ def rounds_conversation(count: int) -> list[dict]:
 def test_it_basic_keeps_the_system_message_and_the_last_rounds() -> None:
     messages = rounds_conversation(6)
     basic = BasicContextManager(max_tokens=100_000, keep_recent=2, token_counter=COUNTER, model=MODEL)
-    output, result = basic.compress(messages)
+    output, result = basic.compress_with_result(messages)
     assert_invariants(messages, output, result)
     assert output == [messages[0], *messages[-8:]]
     assert result.mode is CompressionMode.TRUNCATE and result.target_tokens == 100_000
@@ -632,12 +633,12 @@ def test_it_basic_drops_recent_rounds_over_max_tokens_but_keeps_the_newest() -> 
     messages = rounds_conversation(6)
     round_tokens = tokens(messages[-4:])
     basic = BasicContextManager(max_tokens=tokens(messages[:1]) + round_tokens + 10, keep_recent=3, token_counter=COUNTER)
-    output, result = basic.compress(messages)
+    output, result = basic.compress_with_result(messages)
     assert_invariants(messages, output, result)
     assert output == [messages[0], *messages[-4:]]
     assert "the recent rounds alone exceed max_tokens" in result.changes[-5].reason
     tiny = BasicContextManager(max_tokens=10, keep_recent=3, token_counter=COUNTER)
-    output, result = tiny.compress(messages)
+    output, result = tiny.compress_with_result(messages)
     assert output == [messages[0], *messages[-4:]] and not result.target_met
 
 
@@ -648,7 +649,7 @@ def test_it_basic_starts_no_round_at_a_tool_result_block() -> None:
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "rows"}]},
         {"role": "user", "content": "q2"},
     ]
-    output, result = BasicContextManager(max_tokens=1_000, keep_recent=1, token_counter=COUNTER).compress(messages)
+    output, result = BasicContextManager(max_tokens=1_000, keep_recent=1, token_counter=COUNTER).compress_with_result(messages)
     assert output == messages[3:]
     assert_paired(output)
 
@@ -727,7 +728,7 @@ def test_it_keeps_its_invariants_for_any_conversation(
     if langchain:
         messages = as_langchain(messages)
     target = max(1, int(tokens(messages) * fraction))
-    output, result = PROPERTY_MANAGER.compress(messages, target_tokens=target, mode=mode)
+    output, result = PROPERTY_MANAGER.compress_with_result(messages, target_tokens=target, mode=mode)
     assert_invariants(messages, output, result)
     assert result.tokens_after <= target or result.only_protected_remain
     assert result.mode is mode or (mode is CompressionMode.SUMMARIZE and result.fallback_reason)
@@ -737,7 +738,7 @@ def test_it_keeps_its_invariants_for_any_conversation(
 @given(messages=conversations(), fraction=st.floats(0.02, 1.0), rounds=st.integers(1, 4))
 def test_it_basic_never_orphans_a_tool_result(messages: list[dict], fraction: float, rounds: int) -> None:
     max_tokens = max(1, int(tokens(messages) * fraction))
-    output, result = BasicContextManager(max_tokens, rounds, token_counter=COUNTER).compress(messages)
+    output, result = BasicContextManager(max_tokens, rounds, token_counter=COUNTER).compress_with_result(messages)
     assert_paired(output)
     assert [c.index for c in result.changes] == list(range(len(messages)))
     assert result.tokens_after == tokens(output) == sum(c.tokens_after for c in result.changes)
@@ -758,3 +759,45 @@ def test_it_falls_back_when_a_fake_summarizer_cannot_estimate_its_cost() -> None
     _, result = summarize(ctx, conversation(8))
     assert result.mode is CompressionMode.EXTRACT
     assert result.fallback_reason == "summariser gave an invalid cost estimate (nan)"
+
+
+# --- the design's constructor forms (the examples themselves: test_design_examples_context)
+
+
+def test_it_refuses_constructor_forms_that_contradict_each_other() -> None:
+    config = ContextCompressionConfig()
+    with pytest.raises(TypeError):
+        AdvancedContextManager(config, compression_config=config)
+    with pytest.raises(TypeError):
+        AdvancedContextManager(100_000, max_tokens=100_000)
+    with pytest.raises(TypeError):
+        AdvancedContextManager(summarizer=ExtractiveSummarizer(len), llm_summarizer=lambda prompt: "x")
+    with pytest.raises(TypeError):
+        AdvancedContextManager("not a config")
+    with pytest.raises(ConfigError):
+        AdvancedContextManager(max_tokens=0)
+    with pytest.raises(ConfigError):
+        AdvancedContextManager(compression_mode="squash")
+    with pytest.raises(ConfigError):
+        ContextCompressionConfig(llm_threshold=5, llm_summarization_threshold=5)
+    with pytest.raises(ConfigError):
+        ContextCompressionConfig.from_dict({"max_cost_per_hour": 1, "max_cost_per_hour_usd": 1})
+
+
+def test_it_applies_the_design_keywords_on_a_copy_of_the_config() -> None:
+    config = ContextCompressionConfig(max_tokens=50_000)
+    manager = AdvancedContextManager(max_tokens=8_000, compression_mode="truncate", compression_config=config)
+    assert (manager.max_tokens, manager.config.strategy) == (8_000, CompressionMode.TRUNCATE)
+    assert (config.max_tokens, config.strategy) == (50_000, CompressionMode.EXTRACT)  # the caller's is untouched
+    assert AdvancedContextManager(12_000).max_tokens == 12_000  # v2.0 positional max_tokens
+
+
+def test_it_uses_a_given_llm_summarizer_only_as_the_config_says() -> None:
+    with_llm = AdvancedContextManager(llm_summarizer=lambda prompt: "summary")
+    assert with_llm.config.enable_llm_summarization and with_llm.config.llm_summarization_threshold == 0
+    assert with_llm.llm_compressor is with_llm.summarizer and with_llm.summarizer.name == "llm"
+    configured = AdvancedContextManager(compression_config=ContextCompressionConfig(), llm_summarizer=lambda prompt: "summary")
+    assert configured.config.enable_llm_summarization is False and configured.llm_compressor is None
+    assert AdvancedContextManager().llm_compressor is None
+    extractive = ExtractiveSummarizer(len)
+    assert AdvancedContextManager(llm_summarizer=extractive).summarizer is extractive  # a Summarizer as it is

@@ -33,7 +33,9 @@ def frequent_thread_switches() -> Iterator[None]:
 
 
 class FakeAgentState:
-    """The agent framework's state: read the whole state, write a new message list.
+    """The agent framework's state with LangGraph's signatures (``get_state(config)``,
+    ``update_state(config, values)``; the real graph is in test_design_examples_context):
+    read the whole state, write a new message list.
 
     ``get_state`` yields the thread between read and return so unlocked
     read-modify-write cycles would interleave and lose updates.
@@ -43,12 +45,13 @@ class FakeAgentState:
         self.messages: list[Any] = list(messages or [])
         self.updates = 0
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self, config) -> dict[str, Any]:
+        assert set(config) == {"configurable"} and config["configurable"]["thread_id"]
         snapshot = {"messages": list(self.messages)}
         time.sleep(0)
         return snapshot
 
-    def update_state(self, values: dict[str, Any]) -> None:
+    def update_state(self, config, values: dict[str, Any]) -> None:
         time.sleep(0)
         self.messages = values["messages"]
         self.updates += 1
@@ -62,14 +65,14 @@ class FakeSnapshot:
 class FakeLangGraphLikeState(FakeAgentState):
     """get_state returns a StateSnapshot-like object with ``.values``."""
 
-    def get_state(self) -> FakeSnapshot:  # type: ignore[override]
+    def get_state(self, config) -> FakeSnapshot:  # type: ignore[override]
         return FakeSnapshot({"messages": list(self.messages)})
 
 
 class FakeAttributeState(FakeAgentState):
     """get_state returns an object with a ``messages`` attribute."""
 
-    def get_state(self) -> Any:  # type: ignore[override]
+    def get_state(self, config) -> Any:  # type: ignore[override]
         return self
 
 
@@ -195,10 +198,10 @@ def test_it_treats_a_state_without_messages_as_empty() -> None:
         def __init__(self) -> None:
             self.written: dict[str, Any] = {}
 
-        def get_state(self) -> dict[str, Any]:
+        def get_state(self, config) -> dict[str, Any]:
             return {}
 
-        def update_state(self, values: dict[str, Any]) -> None:
+        def update_state(self, config, values: dict[str, Any]) -> None:
             self.written = values
 
     state = EmptyState()
@@ -248,15 +251,15 @@ def test_it_refuses_a_bad_conversation_id(conversation_id: Any) -> None:
 
 def test_it_returns_false_when_the_fake_state_fails(caplog: pytest.LogCaptureFixture) -> None:
     class ReadFails(FakeAgentState):
-        def get_state(self) -> dict[str, Any]:
+        def get_state(self, config) -> dict[str, Any]:
             raise RuntimeError("checkpointer down")
 
     class WriteFails(FakeAgentState):
-        def update_state(self, values: dict[str, Any]) -> None:
+        def update_state(self, config, values: dict[str, Any]) -> None:
             raise RuntimeError("write refused")
 
     class NotAList(FakeAgentState):
-        def get_state(self) -> dict[str, Any]:
+        def get_state(self, config) -> dict[str, Any]:
             return {"messages": "oops"}
 
     manager = LockManager()
@@ -351,3 +354,56 @@ def test_it_injects_a_real_skill_activation_into_a_fake_agent_state() -> None:
     assert inject(result.to_llm_messages(), "conv-1", state, LockManager())
     assert state.messages[1]["content"].startswith('The "sales-report" skill is loading')
     assert state.messages[2]["isMeta"] is True and state.messages[2]["content"].startswith("# Sales report")
+
+
+# --- a real compiled LangGraph graph with a checkpointer ----------------------------------
+
+
+def test_it_injects_into_a_langgraph_state_without_a_reducer_and_into_a_fresh_thread() -> None:
+    from typing import TypedDict
+
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.checkpoint.memory import MemorySaver
+    from langgraph.graph import END, START, StateGraph
+
+    class PlainState(TypedDict):
+        messages: list  # no reducer: update_state replaces the list
+
+    def agent(state: PlainState) -> dict[str, Any]:
+        return {"messages": state["messages"] + [AIMessage("done")]}
+
+    builder = StateGraph(PlainState)
+    builder.add_node("agent", agent)
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    graph = builder.compile(checkpointer=MemorySaver())
+    config = {"configurable": {"thread_id": "conv-plain"}}
+    graph.invoke({"messages": [HumanMessage("hi")]}, config)
+    assert inject([msg("skill says"), msg("hidden", isMeta=True)], "conv-plain", graph)
+    messages = graph.get_state(config).values["messages"]
+    assert [m.content for m in messages] == ["hi", "done", "skill says", "hidden"]
+    assert isinstance(messages[2], HumanMessage) and messages[3].additional_kwargs == {"isMeta": True}
+
+    # a thread the graph never ran: the snapshot is empty, the messages go in as LangChain messages
+    assert inject([msg("first")], "conv-new", graph)
+    fresh = graph.get_state({"configurable": {"thread_id": "conv-new"}}).values["messages"]
+    assert [type(m).__name__ for m in fresh] == ["HumanMessage"] and fresh[0].content == "first"
+
+
+def test_it_leaves_a_langgraph_state_untouched_when_a_message_cannot_convert(caplog: pytest.LogCaptureFixture) -> None:
+    from langchain_core.messages import AIMessage
+    from langgraph.checkpoint.memory import MemorySaver
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {"messages": [AIMessage("hello")]})
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    graph = builder.compile(checkpointer=MemorySaver())
+    config = {"configurable": {"thread_id": "conv-x"}}
+    graph.invoke({"messages": [("user", "hi")]}, config)
+    before = graph.get_state(config).values["messages"]
+    with caplog.at_level(logging.ERROR, logger="pipeline._injection"):
+        assert not inject([msg("ok"), {"role": "assistant", "content": "x", "additional_kwargs": "not a dict"}], "conv-x", graph)
+    assert graph.get_state(config).values["messages"] == before
+    assert "failed" in caplog.text

@@ -35,7 +35,7 @@ def test_it_classifies_dict_messages_in_the_v21_order() -> None:
         {"role": "assistant", "content": "debug dump", "metadata": {"verbose": True}},
         {"role": "tool", "name": "log", "content": "fetched page 3"},
     ]
-    _, result = manager().compress(messages, target_tokens=10_000)
+    _, result = manager().compress_with_result(messages, target_tokens=10_000)
     assert [c.priority for c in result.changes] == [
         P.CRITICAL, P.HIGH, P.HIGH, P.HIGH, P.HIGH, P.HIGH, P.MEDIUM, P.MEDIUM, P.LOW, P.LOW, P.LOW,
     ]
@@ -55,7 +55,7 @@ def test_it_classifies_langchain_messages() -> None:
         AIMessage("debug", additional_kwargs={"verbose": True}),
         AIMessage("debug", name="log"),
     ]
-    _, result = manager().compress(messages, target_tokens=10_000)
+    _, result = manager().compress_with_result(messages, target_tokens=10_000)
     assert [c.priority for c in result.changes] == [P.CRITICAL, P.HIGH, P.HIGH, P.HIGH, P.MEDIUM, P.MEDIUM, P.LOW, P.LOW]
     assert [c.role for c in result.changes][:5] == ["system", "user", "assistant", "tool", "tool"]
 
@@ -67,7 +67,7 @@ def test_it_classifies_claude_style_blocks() -> None:
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "timeout", "is_error": True}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": "rows"}]}]},
     ]
-    _, result = manager().compress(messages, target_tokens=10_000)
+    _, result = manager().compress_with_result(messages, target_tokens=10_000)
     assert [c.priority for c in result.changes] == [P.HIGH, P.HIGH, P.HIGH, P.MEDIUM]
     assert "[tool call] sql" in result.changes[1].content_before
     assert result.changes[2].content_before == "[tool error] timeout"
@@ -81,7 +81,7 @@ def test_it_lets_a_verbose_mark_demote_only_what_would_be_medium() -> None:
         {"role": "tool", "tool_call_id": "a", "content": "Operation failed.", "name": "log"},
         {"role": "assistant", "content": "thinking aloud", "verbose": True},
     ]
-    _, result = manager().compress(messages, target_tokens=10_000)
+    _, result = manager().compress_with_result(messages, target_tokens=10_000)
     assert [c.priority for c in result.changes] == [P.HIGH, P.HIGH, P.HIGH, P.LOW]
 
 
@@ -90,7 +90,7 @@ def test_it_shows_a_langchain_tool_call_once_when_it_is_also_a_block() -> None:
         content=[{"type": "tool_use", "id": "t1", "name": "sql", "input": {"q": 1}}],
         tool_calls=[{"name": "sql", "args": {"q": 1}, "id": "t1"}],
     )
-    _, result = manager().compress([message, ToolMessage("rows", tool_call_id="t1")], target_tokens=10_000)
+    _, result = manager().compress_with_result([message, ToolMessage("rows", tool_call_id="t1")], target_tokens=10_000)
     assert result.changes[0].content_before == '[tool call] sql({"q": 1})'
     assert result.changes[0].tool_call_ids == ["t1"]
 
@@ -106,7 +106,7 @@ def test_it_pairs_a_reused_call_id_with_the_nearest_call() -> None:
         {"role": "assistant", "content": None, "tool_calls": [call("same")]},
         {"role": "tool", "tool_call_id": "same", "content": "new rows"},
     ]
-    output, result = manager(keep_recent=0).compress(messages, target_tokens=tokens(messages[2:]), mode="extract")
+    output, result = manager(keep_recent=0).compress_with_result(messages, target_tokens=tokens(messages[2:]), mode="extract")
     assert output == messages[2:]
     assert "paired with call in message 3" in result.changes[4].reason
 
@@ -116,7 +116,7 @@ def test_it_keeps_an_already_orphaned_result_as_its_own_unit() -> None:
         {"role": "tool", "tool_call_id": "gone", "content": "rows " * 50},
         {"role": "user", "content": "next question"},
     ]
-    output, result = manager().compress(messages, target_tokens=tokens(messages[1:]), mode="extract")
+    output, result = manager().compress_with_result(messages, target_tokens=tokens(messages[1:]), mode="extract")
     assert [c.action for c in result.changes] == [A.DROPPED, A.KEPT]
     assert "answers call gone that is not in this list" in result.changes[0].reason
 

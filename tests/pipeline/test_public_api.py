@@ -90,3 +90,78 @@ def test_it_imports_no_django():
 
 def test_it_ships_type_information():
     assert (REPO / "pipeline" / "py.typed").exists()
+
+
+# --- context side: compression, conversation model, tokens, skills, injection ---------
+
+CONTEXT_MODULES = {
+    "pipeline._compression",
+    "pipeline._context_state",
+    "pipeline._conversation",
+    "pipeline._llm_compressor",
+    "pipeline._injection",
+    "pipeline._skill_activation",
+    "pipeline._skills",
+    "pipeline._summarizers",
+    "pipeline._tokens",
+}
+
+CONTEXT_API = {
+    # _compression
+    "AdvancedContextManager",
+    "BasicContextManager",
+    "ContextCompressionConfig",
+    "ThreadSafeContextManager",
+    "as_summarizer",
+    # _context_state
+    "CompressedMessages",
+    "MessageImportance",
+    "MessageWrapper",
+    # _conversation
+    "ConversationRound",
+    "MultiRoundConversation",
+    # _llm_compressor (ContextCompressionStrategy is CompressionMode itself)
+    "CompressionCostEstimate",
+    "LLMCompressor",
+    # _injection
+    "LockManager",
+    "MessageInjectionProtocol",
+    "get_lock_manager",
+    # _skill_activation, _skills
+    "ContextModifier",
+    "SkillActivationRequest",
+    "SkillActivationResult",
+    "SkillActivationStack",
+    "SkillActivator",
+    "SkillMessage",
+    "SkillInstructions",
+    "SkillLoader",
+    "SkillMetadata",
+    "SkillResource",
+    "validate_skill_name",
+    # _summarizers
+    "ExtractiveSummarizer",
+    "LLMSummarizer",
+    "Summarizer",
+    # _tokens
+    "DynamicTokenCounter",
+    "EncoderConfig",
+    "ModelEncoderRegistry",
+    "ModelFamily",
+    "TokenEncoder",
+    "count_conversation_tokens",
+    "count_message_tokens",
+    "count_tokens",
+    "discover_config_file",
+    "get_token_counter",
+}
+
+
+def test_it_exports_exactly_the_context_api():
+    exported = {
+        name for name in pipeline.__all__ if getattr(getattr(pipeline, name), "__module__", None) in CONTEXT_MODULES
+    }
+    assert exported == CONTEXT_API
+    for name in CONTEXT_API | {"ContextCompressionStrategy", "CONFIG_SEARCH_PATHS"}:
+        assert pipeline.__all__.count(name) == 1, name
+    assert pipeline.ContextCompressionStrategy is pipeline.CompressionMode

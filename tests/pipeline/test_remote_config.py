@@ -182,7 +182,7 @@ def test_it_ignores_keys_a_newer_dashboard_adds(server: ConfigServer) -> None:
 def test_it_applies_the_config_to_real_components(server: ConfigServer) -> None:
     from pipeline._executor import ToolExecutor
 
-    registry = ModelEncoderRegistry()
+    registry = ModelEncoderRegistry.create()
     executor = ToolExecutor(tool_levels={"other_tool": "full"})
     manager = AdvancedContextManager(ContextCompressionConfig(max_tokens=50_000, keep_recent=4))
     remote = client(server)

