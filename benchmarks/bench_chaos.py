@@ -128,6 +128,7 @@ def _load_and_kill(server: Server, project, key: str, session: str, args: argpar
         "converged_after_restart_s": None if converged is None else load_ended - restarted_at + converged,
         "divergence": off,
         "peak_rss_mb": sampler.peak,
+        "peak_pss_mb": sampler.peak_pss,
         "page_p95_ms": reader.p95_ms(),
         "pages": len(reader.times),
         "page_failures": reader.failures,
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  down {result['down_seconds']:.1f} s (restart took {result['restart_seconds']:.1f} s); derived data "
               + (f"converged {converged:.1f} s after the load ({result['converged_after_restart_s']:.1f} s after the restart)"
                  if converged is not None else f"NOT converged: {result['divergence']}"))
-        print(f"  peak server RSS {result['peak_rss_mb']:.0f} MB; page p95 under load {result['page_p95_ms']:.0f} ms "
+        print(f"  peak server RSS {result['peak_rss_mb']:.0f} MB (PSS {result['peak_pss_mb']:.0f} MB); page p95 under load {result['page_p95_ms']:.0f} ms "
               f"over {result['pages']} pages ({result['page_failures']} failed, the outage included; "
               f"first: {result['first_page_failure'] or '-'})")
     print("\ntargets: lost 0, duplicates 0, converged < 60 s, peak RSS < 400 MB, page p95 < 500 ms")

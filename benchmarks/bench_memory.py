@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from benchmarks.bench_ingest import create_project_and_key, manage, peak_rss_kib
-from benchmarks.load import Server, django_env, rss_mib
+from benchmarks.load import Server, django_env, pss_mib, rss_mib
 
 
 def batch(spans: int, attributes: int) -> bytes:
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         server = Server(env)
         server.start()
         try:
-            print(f"server idle: RSS {rss_mib(server.pids()):.0f} MB (master + workers)")
+            print(f"server idle: RSS {rss_mib(server.pids()):.0f} MB, PSS {pss_mib(server.pids()):.0f} MB "
+                  "(master + workers)")
             for name, spans, attributes in (("hostile 20,000 x 256", 20_000, 256),
                                             ("collector 8,192 x 20", 8_192, 20), ("SDK 512 x 20", 512, 20)):
                 raw = batch(spans, attributes)

@@ -177,7 +177,7 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
     print(f"\nacknowledged {len(acknowledged.span_ids):,} spans and {len(acknowledged.tool_call_ids):,} records "
           f"({acknowledged.retries} batches answered 429/503, {acknowledged.refused} refused "
           f"{acknowledged.first_refusal}); lag p95 {percentile(lag_all, 95):.1f} s over {len(lag_all)} record batches")
-    print(f"server RSS: peak {sampler.peak:.0f} MB; after warm-up {warm:.0f} MB, last window "
+    print(f"server RSS: peak {sampler.peak:.0f} MB (PSS {sampler.peak_pss:.0f} MB); after warm-up {warm:.0f} MB, last window "
           f"{rss_by_window[-1] if rss_by_window else 0:.0f} MB")
     print("rollups and links " + (f"agreed with the rows {converged:.1f} s after the load" if converged is not None
                                   else f"did NOT agree with the rows within {args.converge_timeout:.0f} s: {off}"))

@@ -36,17 +36,29 @@ REQUEST_TIMEOUT = 30  # seconds, one request
 TOOLS = ("search_orders", "fetch_invoice", "lookup_customer", "summarise", "web_search")
 
 
-def rss_mib(pids: list[int]) -> float:
-    """Resident memory now (VmRSS), summed over the processes."""
+def _proc_kib(pids: list[int], file: str, field: str) -> float:
     total = 0
     for pid in pids:
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+            for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
+                if line.startswith(field):
                     total += int(line.split()[1])
+                    break
         except OSError:
             continue
     return total / 1024
+
+
+def rss_mib(pids: list[int]) -> float:
+    """Resident memory now (VmRSS), summed over the processes: pages the workers
+    share with the master (gunicorn preloads the app) are counted once per process."""
+    return _proc_kib(pids, "status", "VmRSS:")
+
+
+def pss_mib(pids: list[int]) -> float:
+    """Proportional set size now, summed: each shared page counted once in all, so
+    this is the memory the server really takes."""
+    return _proc_kib(pids, "smaps_rollup", "Pss:")
 
 
 # --- the server -------------------------------------------------------------------
@@ -309,17 +321,23 @@ class RssSampler:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.samples: list[tuple[float, float]] = []
+        self.pss_samples: list[float] = []
 
     def run(self, stop: threading.Event, *, every: float = 0.5) -> None:
         while not stop.is_set():
             pids = self.server.pids()
             if pids:
                 self.samples.append((time.time(), rss_mib(pids)))
+                self.pss_samples.append(pss_mib(pids))
             stop.wait(every)
 
     @property
     def peak(self) -> float:
         return max((rss for _, rss in self.samples), default=0.0)
+
+    @property
+    def peak_pss(self) -> float:
+        return max(self.pss_samples, default=0.0)
 
 
 # --- the database side --------------------------------------------------------------

@@ -24,3 +24,26 @@ accesslog = os.environ.get("WEB_ACCESS_LOG", "-")
 errorlog = "-"
 loglevel = os.environ.get("WEB_LOG_LEVEL", "info")
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+
+# The app is imported once in the master and the workers are forked from it, so the
+# ~70 MB of imported code is shared by all of them instead of copied into each
+# (WEB_PRELOAD=0 to import in every worker). What must be per process starts after
+# the fork: the embedded derivation thread (threads do not survive a fork) and the
+# database connections (none is opened before it; closed again to be sure).
+preload_app = os.environ.get("WEB_PRELOAD", "1") != "0"
+if preload_app:
+    os.environ["OBSERVATORY_BACKGROUND_AFTER_FORK"] = "1"
+
+
+def pre_fork(server, worker):
+    if preload_app:
+        from django.db import connections
+
+        connections.close_all()
+
+
+def post_fork(server, worker):
+    if preload_app:
+        from dashboard.observatory.dispatch import start_background
+
+        start_background()
