@@ -143,6 +143,9 @@ OBSERVATORY_MAX_BODY_BYTES = env.env_int("OBSERVATORY_MAX_BODY_BYTES", 8 * 1024 
 OBSERVATORY_MAX_DECODED_BYTES = env.env_int(
     "OBSERVATORY_MAX_DECODED_BYTES", 64 * 1024 * 1024, minimum=1024
 )
+# Seconds an ingest request may take to send its body (chunked or not); a sender
+# that stalls mid-body gets 408 instead of holding a worker thread.
+OBSERVATORY_BODY_READ_TIMEOUT = env.env_int("OBSERVATORY_BODY_READ_TIMEOUT", 20, minimum=1)
 OBSERVATORY_MAX_ARTIFACT_BYTES = env.env_int(
     "OBSERVATORY_MAX_ARTIFACT_BYTES", 256 * 1024 * 1024, minimum=1
 )
