@@ -97,6 +97,7 @@ def running_stack(workdir: Path) -> Iterator[Stack]:
         env = django_env(workdir, database_url)
         env.pop("PYTEST_CURRENT_TEST", None)
         env["OBSERVATORY_DERIVE_INLINE"] = "0"  # as in production
+        env["SESSION_COOKIE_SECURE"] = "0"  # plain http on the loopback interface, as deploy/demo.sh
         manage(env, "migrate", "--noinput")
         code = (
             "from dashboard.accounts.services import project_create, apikey_create\n"
@@ -138,6 +139,16 @@ def exporter_env(stack: Stack, *, protocol: str, compression: str = "gzip") -> d
         "OTEL_BSP_SCHEDULE_DELAY": "50",
         "OTEL_BLRP_SCHEDULE_DELAY": "50",
     }
+
+
+def wait_for(read: Any, count: int, seconds: float = 30) -> list:
+    """``read()`` once it returns ``count`` rows (or whatever it returns at the deadline)."""
+    ends = time.monotonic() + seconds
+    while True:
+        rows = read()
+        if len(rows) >= count or time.monotonic() > ends:
+            return rows
+        time.sleep(0.2)
 
 
 def last_json(output: str) -> Any:

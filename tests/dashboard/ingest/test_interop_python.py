@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from .interop import exporter_env, last_json, running_stack
+from .interop import exporter_env, last_json, running_stack, wait_for
 
 ROUNDS = 30
 
@@ -35,9 +35,12 @@ def test_it_stores_every_span_and_log_of_the_sdk_exporters_once(stack, protocol)
         "SELECT s.span_id, count(*) FROM observatory_span s JOIN observatory_conversation c ON c.id = s.conversation_id"
         " WHERE c.external_id = ? GROUP BY s.span_id", (conversation,)))
     assert stored == {span_id: 1 for span_id in report["sent"]}
-    logs = stack.rows(
+    # Records that arrived before their span are linked by the derivation runner: wait for it.
+    logs = wait_for(lambda: stack.rows(
         "SELECT l.span_id, l.event_name FROM observatory_logrecord l JOIN observatory_conversation c"
-        " ON c.id = l.conversation_id WHERE c.external_id = ?", (conversation,))
+        " ON c.id = l.conversation_id WHERE c.external_id = ?", (conversation,)), 2 * ROUNDS)
+    assert stack.rows("SELECT count(*) FROM observatory_logrecord WHERE span_id IN (%s)"
+                      % ",".join("?" * len(report["sent"])), tuple(report["sent"])) == [(2 * ROUNDS,)]
     assert len(logs) == report["logs"] == 2 * ROUNDS
     assert {span_id for span_id, _ in logs} == set(report["sent"])
     assert {name for _, name in logs} == {"gen_ai.user.message", "gen_ai.choice"}
