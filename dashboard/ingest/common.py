@@ -10,9 +10,11 @@ client's junk always gets a short 4xx and never a 500.
 from __future__ import annotations
 
 import functools
+import heapq
 import hmac
 import json
 import re
+import socket
 import threading
 import time
 import zlib
@@ -148,7 +150,14 @@ def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -
     else:
         stream = request
     with _BodyDeadline(request) as deadline:
-        raw = _read_up_to(stream, max_bytes + 1, deadline.tick)
+        try:
+            raw = _read_up_to(stream, max_bytes + 1)
+        except IngestError:
+            if deadline.expired:
+                raise IngestError(408, "the body did not arrive in time") from None
+            raise
+    if deadline.expired:
+        raise IngestError(408, "the body did not arrive in time")
     if len(raw) > max_bytes:
         raise IngestError(413, f"body larger than {max_bytes} bytes")
     if length is not None and len(raw) < length:
@@ -168,16 +177,13 @@ def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -
 _READ_STEP = 64 * 1024
 
 
-def _read_up_to(stream: Any, limit: int, tick: Any = None) -> bytes:
+def _read_up_to(stream: Any, limit: int) -> bytes:
     """Read until the stream ends or ``limit`` bytes: one read() may return less
-    than asked (a chunk, a socket's worth), so loop until it returns nothing.
-    ``tick`` runs before each read (the deadline's check)."""
+    than asked (a chunk, a socket's worth), so loop until it returns nothing."""
     parts = []
     size = 0
     try:
         while size < limit:
-            if tick is not None:
-                tick()
             part = stream.read(min(_READ_STEP, limit - size))
             if not part:
                 break
@@ -196,36 +202,85 @@ def _read_up_to(stream: Any, limit: int, tick: Any = None) -> bytes:
 
 class _BodyDeadline:
     """Bound the time to read a body on the server's socket (gunicorn puts it in
-    ``gunicorn.socket``): each socket read may wait at most what is left of
-    OBSERVATORY_BODY_READ_TIMEOUT, and the socket's own timeout is restored after.
-    gunicorn's worker timeout does not cover a gthread worker's busy thread, so
-    without this a sender that stops mid-body would hold a thread for good."""
+    ``gunicorn.socket``) to OBSERVATORY_BODY_READ_TIMEOUT, for the whole body: at
+    the deadline the watchdog shuts the socket's reading side, so the blocked read
+    returns at once and the request is answered 408. A socket timeout alone would
+    not do: gunicorn's reader loops over recv() until it has what was asked, and
+    a sender dripping a byte a second never lets one recv() time out. gunicorn's
+    worker timeout does not cover a gthread worker's busy thread either, so
+    without this a stalled sender would hold a thread for good."""
 
     def __init__(self, request: HttpRequest) -> None:
         self.socket = request.META.get("gunicorn.socket")
-        self.previous: float | None = None
-        self.ends = time.monotonic() + settings.OBSERVATORY_BODY_READ_TIMEOUT
+        self.entry: list[Any] | None = None
 
     def __enter__(self) -> "_BodyDeadline":
         if self.socket is not None:
-            self.previous = self.socket.gettimeout()
+            self.entry = _watchdog.arm(time.monotonic() + settings.OBSERVATORY_BODY_READ_TIMEOUT, self.socket)
         return self
 
-    def tick(self) -> None:
-        """Before a read: 408 once the time is spent, else let the socket wait
-        only for what is left (a slow drip cannot restart the clock)."""
-        left = self.ends - time.monotonic()
-        if left <= 0:
-            raise IngestError(408, "the body did not arrive in time")
-        if self.socket is not None:
-            self.socket.settimeout(left)
-
     def __exit__(self, *exc: Any) -> None:
-        if self.socket is not None:
-            try:
-                self.socket.settimeout(self.previous)
-            except OSError:
-                pass
+        if self.entry is not None:
+            _watchdog.disarm(self.entry)
+
+    @property
+    def expired(self) -> bool:
+        return self.entry is not None and self.entry[_FIRED]
+
+
+_WHEN, _SEQ, _SOCKET, _ARMED, _FIRED = range(5)
+
+
+class _Watchdog:
+    """One daemon thread per process that shuts the reading side of sockets whose
+    body deadline passed. Arming and disarming cost a lock and a heap push; a
+    disarmed entry is dropped when it reaches the top."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[list[Any]] = []
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, when: float, sock: Any) -> list[Any]:
+        with self._cond:
+            self._seq += 1
+            entry = [when, self._seq, sock, True, False]
+            heapq.heappush(self._heap, entry)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="body-deadline", daemon=True)
+                self._thread.start()
+            if self._heap[0] is entry:
+                self._cond.notify()
+        return entry
+
+    def disarm(self, entry: list[Any]) -> None:
+        with self._cond:
+            entry[_ARMED] = False
+            entry[_SOCKET] = None
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and not self._heap[0][_ARMED]:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                delay = self._heap[0][_WHEN] - time.monotonic()
+                if delay > 0:
+                    self._cond.wait(delay)
+                    continue
+                entry = heapq.heappop(self._heap)
+                entry[_ARMED], entry[_FIRED] = False, True
+                try:
+                    entry[_SOCKET].shutdown(socket.SHUT_RD)
+                except OSError:
+                    pass
+                entry[_SOCKET] = None
+
+
+_watchdog = _Watchdog()
 
 
 def gunzip_bounded(data: bytes, max_decoded_bytes: int) -> bytes:

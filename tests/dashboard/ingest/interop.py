@@ -92,9 +92,9 @@ def _wait_for_port(port: int, process: subprocess.Popen, deadline: float = 30) -
 
 
 @contextmanager
-def running_stack(workdir: Path) -> Iterator[Stack]:
+def running_stack(workdir: Path, **extra_env: str) -> Iterator[Stack]:
     with crash_database() as database_url:
-        env = django_env(workdir, database_url)
+        env = {**django_env(workdir, database_url), **extra_env}
         env.pop("PYTEST_CURRENT_TEST", None)
         env["OBSERVATORY_DERIVE_INLINE"] = "0"  # as in production
         env["SESSION_COOKIE_SECURE"] = "0"  # plain http on the loopback interface, as deploy/demo.sh
