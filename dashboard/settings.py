@@ -169,6 +169,7 @@ OBSERVATORY_GRPC_HOST = env.env_str("OBSERVATORY_GRPC_HOST", "127.0.0.1")
 OBSERVATORY_GRPC_PORT = env.env_int("OBSERVATORY_GRPC_PORT", 4317, minimum=0)
 OBSERVATORY_GRPC_THREADS = env.env_int("OBSERVATORY_GRPC_THREADS", OBSERVATORY_MAX_CONCURRENT_INGEST, minimum=1)
 OBSERVATORY_GRPC_MAX_CONCURRENT_RPCS = env.env_int("OBSERVATORY_GRPC_MAX_CONCURRENT_RPCS", 64, minimum=1)
+OBSERVATORY_GRPC_REUSEPORT = env.env_bool("OBSERVATORY_GRPC_REUSEPORT", False)
 
 # Times an ingested record or span may carry (years, the upper one exclusive); items
 # outside are refused one by one, like any other invalid item.

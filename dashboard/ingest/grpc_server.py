@@ -124,7 +124,9 @@ def grpc_server_build(*, port: int, host: str = "127.0.0.1", threads: int | None
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", 1024 * 1024),
-            ("grpc.so_reuseport", 0),
+            # Several receivers may share a port (the kernel spreads connections), as
+            # gunicorn's workers share theirs; off by default so a second start fails loudly.
+            ("grpc.so_reuseport", 1 if settings.OBSERVATORY_GRPC_REUSEPORT else 0),
         ],
     )
     bound = server.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
