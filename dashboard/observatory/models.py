@@ -273,8 +273,10 @@ class LogRecord(models.Model):
             models.UniqueConstraint(fields=["project", "trace_id", "span_id", "record_hash"], name="logrecord_unique"),
         ]
         indexes = [
-            # the logs list (keyset by id, newest first) and retention
+            # the logs list (keyset by id, newest first)
             models.Index(fields=["project", "-id"], name="logrecord_project_id"),
+            # retention purge
+            models.Index(fields=["project", "received_at"], name="logrecord_project_received"),
             # the conversation timeline, and SET_NULL when a conversation goes
             models.Index(
                 fields=["conversation", "time"], name="logrecord_conversation_time",

@@ -14,6 +14,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from django.utils.timezone import now as dj_now
+
 from dashboard.ingest.otlp_logs import MAX_BODY_CHARS, MAX_LOGS
 from dashboard.observatory.models import Conversation, LogRecord, Span
 from dashboard.observatory.outbox import outbox_drain_all
@@ -209,3 +211,28 @@ def test_it_keeps_spans_and_logs_apart(client, auth, project):
     assert post(client, auth, make_logs(1).SerializeToString()).status_code == 200
     assert Span.objects.filter(project=project).count() == 1
     assert LogRecord.objects.filter(project=project).count() == 1
+
+
+def test_it_links_late_logs_in_the_beat_pass_too(client, auth, project):
+    """A record stored after its span's own link pass (a race between two
+    transactions) is linked by the hourly pass over recent unlinked records."""
+    from dashboard.observatory import tasks
+
+    conversation = Conversation.objects.create(project=project, external_id="conv-beat", started_at=dj_now())
+    assert post(client, auth, make_logs(2).SerializeToString()).status_code == 200
+    assert client.post("/v1/traces", data=_span_request("conv-beat"), content_type=PROTOBUF, **auth).status_code == 200
+    LogRecord.objects.update(conversation=None)  # as if the record had committed after the span's pass
+    counts = tasks.links_refresh(project.pk)
+    assert counts["log_records"] == 2
+    assert set(LogRecord.objects.values_list("conversation", flat=True)) == {conversation.pk}
+
+
+def test_it_purges_log_records_with_the_spans(client, auth, project):
+    from datetime import timedelta
+
+    from dashboard.observatory.services import retention_purge
+
+    assert post(client, auth, make_logs(2).SerializeToString()).status_code == 200
+    assert retention_purge(project=project).log_records == 0
+    outcome = retention_purge(project=project, now=dj_now() + timedelta(days=400))
+    assert outcome.log_records == 2 and not LogRecord.objects.exists()
