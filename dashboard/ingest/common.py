@@ -145,8 +145,9 @@ def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -
     if length is None and chunked:
         # Django reads CONTENT_LENGTH 0 when there is none: its request stream is
         # empty. The WSGI input of gunicorn (and of every server that accepts
-        # chunked requests) gives the decoded chunks up to the last one.
-        stream = request.META["wsgi.input"]
+        # chunked requests) gives the decoded chunks up to the last one. (Under
+        # ASGI there is no wsgi.input and Django's stream already holds it all.)
+        stream = request.META.get("wsgi.input", request)
     else:
         stream = request
     with _BodyDeadline(request) as deadline:

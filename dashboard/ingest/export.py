@@ -19,8 +19,10 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from .common import IngestError, authenticate_header, ingest_gate
+from .logs import logs_store
 from .otlp import JSON, OtlpDecodeError, OtlpTooManySpans, decode_request
 from .otlp_logs import OtlpTooManyLogs, decode_logs_request
+from .spans import spans_store
 
 TRACES = "traces"
 LOGS = "logs"
@@ -75,14 +77,10 @@ def otlp_export(*, signal: str, authorization: str, read_body: Callable[[], byte
         project, _ = authenticate_header(authorization)
         body = read_body()
         if signal == TRACES:
-            from .spans import spans_store
-
             batch = _decoded(decode_request, body, content_type, OtlpTooManySpans)
             stored = spans_store(project=project, spans=batch.spans).inserted
             return ExportOutcome(signal, len(batch.spans), stored, batch.rejected, batch.error_message)
         if signal == LOGS:
-            from .logs import logs_store
-
             batch = _decoded(decode_logs_request, body, content_type, OtlpTooManyLogs)
             stored = logs_store(project=project, logs=batch.logs).inserted
             return ExportOutcome(signal, len(batch.logs), stored, batch.rejected, batch.error_message)

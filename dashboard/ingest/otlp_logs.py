@@ -29,6 +29,7 @@ from .otlp import (
     JSON,
     PROTOBUF,
     OtlpDecodeError,
+    _HEX,
     _add_scope,
     _Bounded,
     _clean,
@@ -303,13 +304,9 @@ def _hex_id(value: Any, size: int, what: str) -> str:
     if not isinstance(value, str):
         raise _LogRejected(f"{what} must be a hex string")
     if not value or not value.strip("0"):
-        return ""
+        return ""  # a log record need not belong to a span
     if len(value) != size:
         raise _LogRejected(f"{what} must be {size} hex characters")
-    try:
-        bytes.fromhex(value)
-    except ValueError:
-        raise _LogRejected(f"{what} is not hex") from None
-    if not value.isalnum():
+    if _HEX.fullmatch(value) is None:
         raise _LogRejected(f"{what} is not hex")
     return value.lower()

@@ -32,6 +32,7 @@ def test_it_shows_logs_under_their_span_escaped(client_in, project):
     assert "gen_ai.user.message" in body
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body and HOSTILE not in body
     assert "Logs of this trace outside its spans" in body and "no span of mine" in body
+    assert f'{reverse("web:logs", args=[project.slug])}?trace={TRACE}' in body
 
 
 def test_it_keeps_the_trace_page_query_count_flat(client_in, project, django_assert_max_num_queries):
