@@ -13,7 +13,6 @@ Trace and span ids are optional on a log record (all zeros or empty = none).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from dashboard.priority import yield_to_pages
 
-from .common import json_decode_cost, memory_reserve
+from .common import memory_reserve
 from .otlp import (
     _ATTRIBUTE_BYTES,
     _ROW_BYTES,
@@ -35,8 +34,8 @@ from .otlp import (
     _clean,
     _expect,
     _field,
-    _has_lone_surrogate_escape,
     _int64,
+    json_document,
     _JsonReader,
     _list,
     _object,
@@ -209,20 +208,7 @@ def _bytes_id(raw: bytes, size: int, what: str) -> str:
 
 
 def decode_logs_json(body: bytes) -> DecodedLogs:
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise OtlpDecodeError("body is not valid UTF-8") from None
-    if _has_lone_surrogate_escape(text):
-        raise OtlpDecodeError("JSON string holds an unpaired surrogate escape")
-    memory_reserve(2 * json_decode_cost(body), "the JSON body")
-    try:
-        document = json.loads(text)
-    except RecursionError:
-        raise OtlpDecodeError("JSON nesting too deep") from None
-    except ValueError as exc:
-        raise OtlpDecodeError(f"invalid JSON: {str(exc)[:100]}") from None
-    document = _object(document, "request")
+    document = json_document(body)
     all_resource_logs = _list(_field(document, "resourceLogs", "resource_logs", []), "resourceLogs")
     _check_count(_json_count(all_resource_logs))
     reader = _JsonReader()
