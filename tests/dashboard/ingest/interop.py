@@ -133,7 +133,7 @@ def exporter_env(stack: Stack, *, protocol: str, compression: str = "gzip") -> d
     return {
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
         "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-        "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer {stack.key}",
+        "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {stack.key}",  # as the README writes it
         "OTEL_EXPORTER_OTLP_COMPRESSION": compression,
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_BSP_SCHEDULE_DELAY": "50",
