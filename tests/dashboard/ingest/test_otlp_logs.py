@@ -236,3 +236,15 @@ def test_it_purges_log_records_with_the_spans(client, auth, project):
     assert retention_purge(project=project).log_records == 0
     outcome = retention_purge(project=project, now=dj_now() + timedelta(days=400))
     assert outcome.log_records == 2 and not LogRecord.objects.exists()
+
+
+def test_it_answers_partial_success_in_json_too(client, auth, project):
+    document = {"resourceLogs": [{"scopeLogs": [{"logRecords": [
+        {"traceId": "zz" * 16, "body": {"stringValue": "bad id"}},
+        {"traceId": TRACE, "spanId": SPAN, "body": {"stringValue": "kept"}},
+    ]}]}]}
+    response = post(client, auth, json.dumps(document).encode(), JSON)
+    assert response.status_code == 200
+    assert response.json() == {"partialSuccess": {
+        "rejectedLogRecords": "1", "errorMessage": "1 log record(s) rejected: trace_id is not hex"}}
+    assert list(LogRecord.objects.values_list("body", flat=True)) == ["kept"]
