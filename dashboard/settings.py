@@ -143,6 +143,9 @@ OBSERVATORY_MAX_BODY_BYTES = env.env_int("OBSERVATORY_MAX_BODY_BYTES", 8 * 1024 
 OBSERVATORY_MAX_DECODED_BYTES = env.env_int(
     "OBSERVATORY_MAX_DECODED_BYTES", 64 * 1024 * 1024, minimum=1024
 )
+# Seconds an ingest request may take to send its body (chunked or not); a sender
+# that stalls mid-body gets 408 instead of holding a worker thread.
+OBSERVATORY_BODY_READ_TIMEOUT = env.env_int("OBSERVATORY_BODY_READ_TIMEOUT", 20, minimum=1)
 OBSERVATORY_MAX_ARTIFACT_BYTES = env.env_int(
     "OBSERVATORY_MAX_ARTIFACT_BYTES", 256 * 1024 * 1024, minimum=1
 )
@@ -159,6 +162,14 @@ OBSERVATORY_MAX_CONCURRENT_INGEST = env.env_int(
 # once; a request that alone needs more is refused (413), one that finds it taken
 # waits (503 + Retry-After). See dashboard.ingest.common.memory_reserve.
 OBSERVATORY_INGEST_MEMORY_BYTES = env.env_int("OBSERVATORY_INGEST_MEMORY_BYTES", 128 * 1024 * 1024, minimum=1024 * 1024)
+# OTLP/gRPC (manage.py otlp_grpc, its own process): where it listens, the threads
+# that run exports (as many as the ingest gate lets in, so none waits on it) and the
+# RPCs accepted at once (queued for a thread; gRPC refuses more).
+OBSERVATORY_GRPC_HOST = env.env_str("OBSERVATORY_GRPC_HOST", "127.0.0.1")
+OBSERVATORY_GRPC_PORT = env.env_int("OBSERVATORY_GRPC_PORT", 4317, minimum=0)
+OBSERVATORY_GRPC_THREADS = env.env_int("OBSERVATORY_GRPC_THREADS", OBSERVATORY_MAX_CONCURRENT_INGEST, minimum=1)
+OBSERVATORY_GRPC_MAX_CONCURRENT_RPCS = env.env_int("OBSERVATORY_GRPC_MAX_CONCURRENT_RPCS", 64, minimum=1)
+OBSERVATORY_GRPC_REUSEPORT = env.env_bool("OBSERVATORY_GRPC_REUSEPORT", False)
 
 # Times an ingested record or span may carry (years, the upper one exclusive); items
 # outside are refused one by one, like any other invalid item.

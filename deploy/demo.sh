@@ -10,7 +10,10 @@
 # deploy/gunicorn.conf.py, as in production; static files come from the app (WhiteNoise).
 # Re-running reuses the user and the project and makes a new API key.
 #
-# Environment: DEMO_PORT (8000), DEMO_USER (admin), DEMO_PASSWORD (generated once, kept in the
+# OTLP/gRPC (manage.py otlp_grpc) listens beside it on 127.0.0.1:4317 (DEMO_GRPC_PORT), so
+# exporters set to OTEL_EXPORTER_OTLP_PROTOCOL=grpc deliver too; both stop together.
+#
+# Environment: DEMO_PORT (8000), DEMO_GRPC_PORT (4317), DEMO_USER (admin), DEMO_PASSWORD (generated once, kept in the
 # data dir), DEMO_CONVERSATIONS (40), DEMO_SEED (new each run), DEMO_EXTRAS (dashboard,langchain).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,13 +53,20 @@ secret_file() {
 export SECRET_KEY="${SECRET_KEY:-$(secret_file secret_key 50)}"
 password="${DEMO_PASSWORD:-$(secret_file demo_password 12)}"
 
-if "$PY" - "$port" <<'PY'
+grpc_port="${DEMO_GRPC_PORT:-4317}"
+listening() {
+  "$PY" - "$1" <<'PY'
 import socket, sys
 s = socket.socket()
 sys.exit(0 if s.connect_ex(("127.0.0.1", int(sys.argv[1]))) == 0 else 1)
 PY
-then
+}
+if listening "$port"; then
   echo "Something already listens on 127.0.0.1:$port; stop it or set DEMO_PORT." >&2
+  exit 1
+fi
+if listening "$grpc_port"; then
+  echo "Something already listens on 127.0.0.1:$grpc_port; stop it or set DEMO_GRPC_PORT." >&2
   exit 1
 fi
 
@@ -77,12 +87,17 @@ echo "== server on $base (log: $data_dir/server.log)"
 OBSERVATORY_BIND="127.0.0.1:$port" "$PY" -m gunicorn --config deploy/gunicorn.conf.py dashboard.wsgi:application \
   >"$data_dir/server.log" 2>&1 &
 server_pid=$!
+echo "== OTLP/gRPC on 127.0.0.1:$grpc_port (log: $data_dir/grpc.log)"
+OBSERVATORY_GRPC_HOST=127.0.0.1 OBSERVATORY_GRPC_PORT="$grpc_port" "$PY" manage.py otlp_grpc >"$data_dir/grpc.log" 2>&1 &
+grpc_pid=$!
 stop_server() {
   trap - EXIT INT TERM
-  if kill -0 "$server_pid" 2>/dev/null; then
-    kill "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
+  for pid in "$server_pid" "$grpc_pid"; do
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid" 2>/dev/null || true
+    fi
+  done
+  wait "$server_pid" "$grpc_pid" 2>/dev/null || true
 }
 trap stop_server EXIT
 trap 'stop_server; exit 130' INT
@@ -112,6 +127,27 @@ then
   exit 1
 fi
 
+if ! "$PY" - "$grpc_port" "$grpc_pid" <<'PY'
+import os, socket, sys, time
+port, pid = int(sys.argv[1]), int(sys.argv[2])
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit("the OTLP/gRPC receiver exited")
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            sys.exit(0)
+    time.sleep(0.3)
+sys.exit("the OTLP/gRPC receiver did not listen within 60 s")
+PY
+then
+  echo "The OTLP/gRPC receiver did not start; its log:" >&2
+  tail -n 30 "$data_dir/grpc.log" >&2
+  exit 1
+fi
+
 echo "== demo agent"
 agent_status=0
 "$PY" -m pipeline.demo --endpoint "$base" --api-key "$api_key" \
@@ -124,6 +160,7 @@ Pipeline Observatory is filled with the demo agent's conversations.
   Open        $base/
   Log in as   $user / $password
   API key     $api_key   (shown once; for your own agents: --api-key or OTEL_EXPORTER_OTLP_HEADERS)
+  OTLP        $base/v1/traces, $base/v1/logs (http/protobuf, http/json); grpc://127.0.0.1:$grpc_port
 EOF
 if [ "$agent_status" -ne 0 ]; then
   echo "Warning: the demo agent exited with $agent_status (see above)." >&2

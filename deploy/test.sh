@@ -5,7 +5,10 @@
 #   - a private PostgreSQL 15 and a private Redis on free loopback ports under a temp dir;
 #   - ruff (lint), then the suite on SQLite, the dashboard suite again on PostgreSQL, the Celery
 #     task tests on a real worker over Redis; every test bounded by pytest-timeout; then stops
-#     what it started.
+#     what it started;
+#   - the OpenTelemetry JS exporters for the interop tests: `npm ci` of tests/interop/js's
+#     package-lock into .cache/interop-js (outside the product code, never committed); skipped,
+#     saying so, when node/npm are absent (the JS interop tests then skip too).
 # Extra arguments go to pytest (e.g. deploy/test.sh -k otlp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +59,18 @@ export OBSERVATORY_TEST_REDIS_URL="redis://127.0.0.1:$redis_port/0"
 export OBSERVATORY_BROWSER_TESTS=1
 export OBSERVATORY_DEMO_TESTS=1  # tests/dashboard/test_demo_command.py runs deploy/demo.sh (SQLite pass)
 export PYTHONDONTWRITEBYTECODE=1
+js_dir=.cache/interop-js
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  echo "== JS exporters for the interop tests (npm ci into $js_dir) =="
+  mkdir -p "$js_dir"
+  if ! cmp -s tests/interop/js/package-lock.json "$js_dir/package-lock.json" || [ ! -d "$js_dir/node_modules" ]; then
+    cp tests/interop/js/package.json tests/interop/js/package-lock.json "$js_dir/"
+    (cd "$js_dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+  fi
+  export OBSERVATORY_JS_MODULES="$PWD/$js_dir/node_modules"
+else
+  echo "== node/npm not found: the JS exporter interop tests will be skipped =="
+fi
 
 echo "== lint (ruff, rules in pyproject.toml) =="
 .venv/bin/ruff check --no-cache .

@@ -10,10 +10,13 @@ client's junk always gets a short 4xx and never a 500.
 from __future__ import annotations
 
 import functools
+import heapq
 import hmac
 import json
 import re
+import socket
 import threading
+import time
 import zlib
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -46,16 +49,24 @@ class IngestError(Exception):
 # --- keys -------------------------------------------------------------------------
 
 def authenticate(request: HttpRequest) -> Project:
-    """The project of the Bearer key in the Authorization header.
+    """The project of the Bearer key in the request's Authorization header (see
+    ``authenticate_header``); the key's id is left on ``request.api_key_id``."""
+    project, key_id = authenticate_header(request.headers.get("Authorization", ""))
+    request.api_key_id = key_id  # type: ignore[attr-defined]
+    return project
+
+
+def authenticate_header(header: str) -> tuple[Project, int]:
+    """The project and key id of the Bearer key in an Authorization value, whatever
+    the transport (an HTTP header, gRPC ``authorization`` metadata).
 
     Looked up by the key's public prefix, then compared by hash in constant time.
     Every request reads the key row, so a revocation (or a deleted project) holds
     from the next request on; the read is one hand-written query because compiling
     the ORM's version cost more than storing a 10-span batch. ``last_used_at`` is
     written at most once a minute so a busy key does not turn every ingest request
-    into an extra write. The key's id is left on ``request.api_key_id``.
+    into an extra write.
     """
-    header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise IngestError(401, "missing API key")
@@ -76,8 +87,7 @@ def authenticate(request: HttpRequest) -> Project:
     if last_used_at is None or now - last_used_at >= LAST_USED_RESOLUTION:
         with database_errors_as_busy():
             ApiKey.objects.filter(pk=key_id).update(last_used_at=now)
-    request.api_key_id = key_id  # type: ignore[attr-defined]
-    return Project.from_db(connection.alias, _project_columns(), project_values)
+    return Project.from_db(connection.alias, _project_columns(), project_values), key_id
 
 
 @functools.cache
@@ -112,10 +122,16 @@ def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -
     """The request body, decoded from gzip when so encoded, bounded on both sides.
 
     Content-Length is checked before anything is read; at most max_bytes + 1 bytes
-    are read (a body without a length is cut there too); gzip is inflated with a
-    bounded output so a small bomb cannot expand past max_decoded_bytes.
+    are read; gzip is inflated with a bounded output so a small bomb cannot expand
+    past max_decoded_bytes. A body sent with ``Transfer-Encoding: chunked`` (no
+    length: the OpenTelemetry JS exporters) is read to its end from the server's
+    input stream, which decodes the chunks, under the same limit. A body that ends
+    before its declared length is a 400: never a half batch stored and answered 200.
+    The whole read is bounded by OBSERVATORY_BODY_READ_TIMEOUT (``_BodyDeadline``),
+    so a sender that stalls mid-body gets 408 instead of holding a worker thread.
     """
     declared = request.headers.get("Content-Length")
+    length = None
     if declared:
         try:
             length = int(declared)
@@ -125,9 +141,28 @@ def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -
             raise IngestError(400, "invalid Content-Length")
         if length > max_bytes:
             raise IngestError(413, f"body larger than {max_bytes} bytes")
-    raw = request.read(max_bytes + 1)
+    chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if length is None and chunked:
+        # Django reads CONTENT_LENGTH 0 when there is none: its request stream is
+        # empty. The WSGI input of gunicorn (and of every server that accepts
+        # chunked requests) gives the decoded chunks up to the last one. (Under
+        # ASGI there is no wsgi.input and Django's stream already holds it all.)
+        stream = request.META.get("wsgi.input", request)
+    else:
+        stream = request
+    with _BodyDeadline(request) as deadline:
+        try:
+            raw = _read_up_to(stream, max_bytes + 1)
+        except IngestError:
+            if deadline.expired:
+                raise IngestError(408, "the body did not arrive in time") from None
+            raise
+    if deadline.expired:
+        raise IngestError(408, "the body did not arrive in time")
     if len(raw) > max_bytes:
         raise IngestError(413, f"body larger than {max_bytes} bytes")
+    if length is not None and len(raw) < length:
+        raise IngestError(400, f"body ended after {len(raw)} of its {length} bytes")
 
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     memory_reserve(len(raw), "the body")
@@ -138,6 +173,115 @@ def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -
     if encoding in ("gzip", "x-gzip"):
         return gunzip_bounded(raw, max_decoded_bytes)
     raise IngestError(415, "unsupported Content-Encoding (use gzip or identity)")
+
+
+_READ_STEP = 64 * 1024
+
+
+def _read_up_to(stream: Any, limit: int) -> bytes:
+    """Read until the stream ends or ``limit`` bytes: one read() may return less
+    than asked (a chunk, a socket's worth), so loop until it returns nothing."""
+    parts = []
+    size = 0
+    try:
+        while size < limit:
+            part = stream.read(min(_READ_STEP, limit - size))
+            if not part:
+                break
+            parts.append(part)
+            size += len(part)
+    except TimeoutError:
+        raise IngestError(408, "the body did not arrive in time") from None
+    except OSError as exc:  # gunicorn's chunk parser and socket errors
+        raise IngestError(400, f"unreadable body: {str(exc)[:100] or type(exc).__name__}") from None
+    except Exception as exc:  # gunicorn.http.errors.* (invalid chunk size, ...) are not OSError
+        if type(exc).__module__.startswith("gunicorn."):
+            raise IngestError(400, f"invalid chunked body: {type(exc).__name__}") from None
+        raise
+    return b"".join(parts)
+
+
+class _BodyDeadline:
+    """Bound the time to read a body on the server's socket (gunicorn puts it in
+    ``gunicorn.socket``) to OBSERVATORY_BODY_READ_TIMEOUT, for the whole body: at
+    the deadline the watchdog shuts the socket's reading side, so the blocked read
+    returns at once and the request is answered 408. A socket timeout alone would
+    not do: gunicorn's reader loops over recv() until it has what was asked, and
+    a sender dripping a byte a second never lets one recv() time out. gunicorn's
+    worker timeout does not cover a gthread worker's busy thread either, so
+    without this a stalled sender would hold a thread for good."""
+
+    def __init__(self, request: HttpRequest) -> None:
+        self.socket = request.META.get("gunicorn.socket")
+        self.entry: list[Any] | None = None
+
+    def __enter__(self) -> "_BodyDeadline":
+        if self.socket is not None:
+            self.entry = _watchdog.arm(time.monotonic() + settings.OBSERVATORY_BODY_READ_TIMEOUT, self.socket)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.entry is not None:
+            _watchdog.disarm(self.entry)
+
+    @property
+    def expired(self) -> bool:
+        return self.entry is not None and self.entry[_FIRED]
+
+
+_WHEN, _SEQ, _SOCKET, _ARMED, _FIRED = range(5)
+
+
+class _Watchdog:
+    """One daemon thread per process that shuts the reading side of sockets whose
+    body deadline passed. Arming and disarming cost a lock and a heap push; a
+    disarmed entry is dropped when it reaches the top."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[list[Any]] = []
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, when: float, sock: Any) -> list[Any]:
+        with self._cond:
+            self._seq += 1
+            entry = [when, self._seq, sock, True, False]
+            heapq.heappush(self._heap, entry)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="body-deadline", daemon=True)
+                self._thread.start()
+            if self._heap[0] is entry:
+                self._cond.notify()
+        return entry
+
+    def disarm(self, entry: list[Any]) -> None:
+        with self._cond:
+            entry[_ARMED] = False
+            entry[_SOCKET] = None
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and not self._heap[0][_ARMED]:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                delay = self._heap[0][_WHEN] - time.monotonic()
+                if delay > 0:
+                    self._cond.wait(delay)
+                    continue
+                entry = heapq.heappop(self._heap)
+                entry[_ARMED], entry[_FIRED] = False, True
+                try:
+                    entry[_SOCKET].shutdown(socket.SHUT_RD)
+                except OSError:
+                    pass
+                entry[_SOCKET] = None
+
+
+_watchdog = _Watchdog()
 
 
 def gunzip_bounded(data: bytes, max_decoded_bytes: int) -> bytes:

@@ -467,21 +467,7 @@ class _JsonReader(_Bounded):
 
 def decode_json(body: bytes) -> DecodedBatch:
     """Decode an ExportTraceServiceRequest in the OTLP JSON mapping."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise OtlpDecodeError("body is not valid UTF-8") from None
-    if _has_lone_surrogate_escape(text):
-        raise OtlpDecodeError("JSON string holds an unpaired surrogate escape")
-    # The parsed document, then the rows made from it.
-    memory_reserve(2 * json_decode_cost(body), "the JSON body")
-    try:
-        document = json.loads(text)
-    except RecursionError:
-        raise OtlpDecodeError("JSON nesting too deep") from None
-    except ValueError as exc:
-        raise OtlpDecodeError(f"invalid JSON: {str(exc)[:100]}") from None
-    document = _object(document, "request")
+    document = json_document(body)
     all_resource_spans = _list(_field(document, "resourceSpans", "resource_spans", []), "resourceSpans")
     _check_span_count(_json_span_count(all_resource_spans))
     reader = _JsonReader()
@@ -511,6 +497,26 @@ def decode_json(body: bytes) -> DecodedBatch:
                 row.truncated = reader.truncated or resource_truncated
                 batch.spans.append(row)
     return batch
+
+
+def json_document(body: bytes) -> dict[str, Any]:
+    """An export request body in the OTLP JSON mapping, parsed (any signal): strict
+    UTF-8, no unpaired surrogate, counted against the memory budget."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OtlpDecodeError("body is not valid UTF-8") from None
+    if _has_lone_surrogate_escape(text):
+        raise OtlpDecodeError("JSON string holds an unpaired surrogate escape")
+    # The parsed document, then the rows made from it.
+    memory_reserve(2 * json_decode_cost(body), "the JSON body")
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        raise OtlpDecodeError("JSON nesting too deep") from None
+    except ValueError as exc:
+        raise OtlpDecodeError(f"invalid JSON: {str(exc)[:100]}") from None
+    return _object(document, "request")
 
 
 def _json_span_count(all_resource_spans: list[Any]) -> int:

@@ -1,11 +1,13 @@
-"""``POST /v1/traces``: OTLP/HTTP span ingest.
+"""``POST /v1/traces`` and ``POST /v1/logs``: OTLP/HTTP span and log ingest.
 
-Thin on purpose: check the method and the content type, then (inside the
-concurrency gate) authenticate, read the bounded body, decode, store, answer.
-Answers are in the request's encoding, as OTLP/HTTP asks: an
-ExportTraceServiceResponse on success (with ``partial_success`` when some spans
-were rejected) and a ``google.rpc.Status`` on every 4xx/5xx; only a request whose
-encoding we do not know (405, 415) is answered in plain text.
+Thin on purpose: check the method and the content type, then hand the
+Authorization header and a bounded body reader to ``otlp_export`` (the store path
+shared with OTLP/gRPC) and turn what it returns into an answer. Answers are in the
+request's encoding, as OTLP/HTTP asks: an Export*ServiceResponse on success (with
+``partial_success`` when some items were rejected) and a ``google.rpc.Status`` on
+every 4xx/5xx; only a request whose encoding we do not know (405, 415) is
+answered in plain text. Bodies may come chunked (no Content-Length): see
+``read_body``.
 """
 
 from __future__ import annotations
@@ -14,20 +16,22 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from .common import IngestError, authenticate, error_response, ingest_gate, read_body
-from .otlp import (
-    CONTENT_TYPES,
-    OtlpDecodeError,
-    OtlpTooManySpans,
-    decode_request,
-    encode_export_response,
-    encode_status,
-)
-from .spans import spans_store
+from .common import IngestError, error_response, read_body
+from .export import LOGS, TRACES, otlp_export
+from .otlp import CONTENT_TYPES, encode_status
 
 
 @csrf_exempt
 def export_traces(request: HttpRequest) -> HttpResponse:
+    return _export(request, TRACES)
+
+
+@csrf_exempt
+def export_logs(request: HttpRequest) -> HttpResponse:
+    return _export(request, LOGS)
+
+
+def _export(request: HttpRequest, signal: str) -> HttpResponse:
     if request.method != "POST":
         response = HttpResponse("use POST\n", status=405, content_type="text/plain")
         response["Allow"] = "POST"
@@ -40,22 +44,18 @@ def export_traces(request: HttpRequest) -> HttpResponse:
             content_type="text/plain",
         )
     try:
-        with ingest_gate():
-            project = authenticate(request)
-            body = read_body(
+        outcome = otlp_export(
+            signal=signal,
+            authorization=request.headers.get("Authorization", ""),
+            read_body=lambda: read_body(
                 request,
                 max_bytes=settings.OBSERVATORY_MAX_BODY_BYTES,
                 max_decoded_bytes=settings.OBSERVATORY_MAX_DECODED_BYTES,
-            )
-            try:
-                batch = decode_request(body, content_type)
-            except OtlpTooManySpans as exc:
-                raise IngestError(413, str(exc)) from None
-            except OtlpDecodeError as exc:
-                raise IngestError(400, str(exc)) from None
-            spans_store(project=project, spans=batch.spans)
+            ),
+            content_type=content_type,
+        )
     except IngestError as exc:
         return error_response(
             exc, content_type=content_type, body=encode_status(exc.status, exc.message, content_type)
         )
-    return HttpResponse(encode_export_response(batch, content_type), content_type=content_type)
+    return HttpResponse(outcome.response(content_type), content_type=content_type)

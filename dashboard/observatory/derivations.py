@@ -566,3 +566,48 @@ def _conversation_key(attributes: Any) -> str:
         if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
             return str(value).strip()[:200]
     return ""
+
+
+# --- log records ----------------------------------------------------------------------
+
+def log_records_link(*, project_id: int, conversation_ids: Iterable[int] | None = None,
+                     since: datetime | None = None) -> int:
+    """Give the log records that still have no conversation the conversation of
+    their span (by trace_id + span_id), else of another span of their trace.
+
+    With ``conversation_ids`` (after a batch linked spans to them) only records of
+    those conversations' traces; without (the beat's pass) the records received
+    since ``since`` (default LINK_WINDOW), at most BEAT_SPAN_LIMIT. Only links are
+    added, so running it again changes nothing. Returns the records linked.
+    """
+    from .models import LogRecord
+
+    waiting = LogRecord.objects.filter(project_id=project_id, conversation__isnull=True).exclude(trace_id="")
+    if conversation_ids is not None:
+        traces = sorted(set(Span.objects.filter(
+            project_id=project_id, conversation_id__in=sorted(set(conversation_ids))
+        ).values_list("trace_id", flat=True)))
+        if not traces:
+            return 0
+        waiting = waiting.filter(trace_id__in=traces)
+    else:
+        waiting = waiting.filter(received_at__gte=since or timezone.now() - LINK_WINDOW)
+    rows = list(waiting.values_list("id", "trace_id", "span_id")[:BEAT_SPAN_LIMIT])
+    if not rows:
+        return 0
+    by_span: dict[tuple[str, str], int] = {}
+    by_trace: dict[str, int] = {}
+    for trace_id, span_id, conversation_id in Span.objects.filter(
+        project_id=project_id, trace_id__in=sorted({row[1] for row in rows}), conversation__isnull=False
+    ).values_list("trace_id", "span_id", "conversation_id"):
+        by_span[(trace_id, span_id)] = conversation_id
+        by_trace.setdefault(trace_id, conversation_id)
+    ids_by_conversation: dict[int, list[int]] = defaultdict(list)
+    for pk, trace_id, span_id in rows:
+        conversation_id = by_span.get((trace_id, span_id)) or by_trace.get(trace_id)
+        if conversation_id is not None:
+            ids_by_conversation[conversation_id].append(pk)
+    linked = 0
+    for conversation_id, ids in ids_by_conversation.items():
+        linked += LogRecord.objects.filter(id__in=ids, conversation__isnull=True).update(conversation_id=conversation_id)
+    return linked

@@ -235,6 +235,64 @@ class Span(models.Model):
         return f"{self.name} {self.trace_id}/{self.span_id}"
 
 
+class LogRecord(models.Model):
+    """One OpenTelemetry log record (OTLP logs: ``dashboard.ingest.logs`` fills it).
+
+    GenAI instrumentations send prompts and completions as log records/events tied
+    to a span. A record names its span by (trace_id, span_id), both "" when it has
+    none; there is no foreign key to Span on purpose (the span table is partitioned
+    on PostgreSQL and a log may arrive before its span). ``conversation`` comes from
+    the log's own conversation attribute, else from its span's (at ingest, or by
+    the link derivation when the span arrives later). ``record_hash`` (of the
+    record's content) makes a retried batch store no duplicate.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="log_records", db_index=False)
+    trace_id = models.CharField(max_length=32, blank=True)
+    span_id = models.CharField(max_length=16, blank=True)
+    record_hash = models.CharField(max_length=32)
+    time = models.DateTimeField(null=True, blank=True)  # when it happened (null: the sender did not say)
+    observed_time = models.DateTimeField(null=True, blank=True)
+    severity_number = models.SmallIntegerField(default=0)  # OTLP SeverityNumber, 0..24
+    severity_text = models.CharField(max_length=32, blank=True)
+    event_name = models.CharField(max_length=ID_LENGTH, blank=True)
+    body = models.JSONField(null=True, blank=True)  # the AnyValue as JSON
+    attributes = models.JSONField(default=dict)
+    resource = models.JSONField(default=dict)
+    service_name = models.CharField(max_length=200, blank=True)
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.SET_NULL, null=True, blank=True, related_name="log_records", db_index=False
+    )
+    conversation_key = models.CharField(max_length=ID_LENGTH, blank=True)
+    received_at = models.DateTimeField(default=timezone.now)
+    truncated = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            # retries; also serves the trace page (project, trace_id, ...)
+            models.UniqueConstraint(fields=["project", "trace_id", "span_id", "record_hash"], name="logrecord_unique"),
+        ]
+        indexes = [
+            # the logs list (keyset by id, newest first)
+            models.Index(fields=["project", "-id"], name="logrecord_project_id"),
+            # retention purge
+            models.Index(fields=["project", "received_at"], name="logrecord_project_received"),
+            # the conversation timeline, and SET_NULL when a conversation goes
+            models.Index(
+                fields=["conversation", "time"], name="logrecord_conversation_time",
+                condition=Q(conversation__isnull=False),
+            ),
+            # the link derivation: records still waiting for their span's conversation
+            models.Index(
+                fields=["project", "trace_id"], name="logrecord_unlinked",
+                condition=Q(conversation__isnull=True) & ~Q(trace_id=""),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_name or self.severity_text or 'log'} {self.trace_id}/{self.span_id}"
+
+
 class ToolExecution(_RecordRow):
     """One tool_result record: the request side, the ToolExecutionResult, and the
     same result rendered at BRIEF, STANDARD and FULL with their token counts."""

@@ -39,6 +39,7 @@ from .models import (
     Artifact,
     CompressionEvent,
     Conversation,
+    LogRecord,
     Message,
     Round,
     SkillActivation,
@@ -555,6 +556,7 @@ class PurgeOutcome:
     records: int = 0
     conversations: int = 0
     artifacts: int = 0
+    log_records: int = 0
 
 
 def retention_purge(*, project: Project, now: datetime | None = None) -> PurgeOutcome:
@@ -570,6 +572,10 @@ def retention_purge(*, project: Project, now: datetime | None = None) -> PurgeOu
     outcome = PurgeOutcome()
 
     outcome.spans, _ = Span.objects.filter(project=project, start_time__lt=now - timedelta(days=span_days)).delete()
+    # OTLP log records live as long as spans (by arrival: a record's own time may be missing).
+    outcome.log_records, _ = LogRecord.objects.filter(
+        project=project, received_at__lt=now - timedelta(days=span_days)
+    ).delete()
     record_cutoff = now - timedelta(days=record_days)
     for model in (Round, Message, ToolExecution, CompressionEvent, SkillActivation):
         deleted, _ = model.objects.filter(project=project, occurred_at__lt=record_cutoff).delete()

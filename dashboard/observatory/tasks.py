@@ -39,6 +39,12 @@ def links_refresh(
     )
     if counts["conversation_ids"]:
         derivations.conversation_totals_refresh(conversation_ids=counts["conversation_ids"])
+    if artifact_ids is None or conversation_ids is not None:
+        # Log records that arrived before their span get the span's conversation.
+        counts["log_records"] = derivations.log_records_link(
+            project_id=project_id,
+            conversation_ids=None if conversation_ids is None else [*conversation_ids, *counts["conversation_ids"]],
+        )
     return counts
 
 

@@ -13,6 +13,7 @@ from .views import (
     home,
     keys,
     levels,
+    logs,
     overview,
     saved_views,
     timeline,
@@ -47,6 +48,7 @@ urlpatterns = [
     path(P + "artifacts/<artifact_id:artifact_id>/", artifacts.artifact_detail, name="artifact"),
     path(P + "artifacts/<artifact_id:artifact_id>/download", artifacts.artifact_download, name="artifact_download"),
     path(P + "traces/<trace_id:trace_id>/", traces.trace_detail, name="trace"),
+    path(P + "logs/", logs.log_list, name="logs"),
     path(P + "keys/", keys.key_list, name="keys"),
     path(P + "keys/<int:pk>/revoke/", keys.key_revoke, name="key_revoke"),
 ]

@@ -12,6 +12,7 @@ from dashboard.observatory import selectors as observatory
 from dashboard.observatory.models import Conversation, Round, ToolExecution
 
 from ..access import project_page
+from ..selectors.logs import conversation_messages
 from ..selectors.timeline import EXPORT_SECTIONS, conversation_for, export_rows, token_budget
 from ..selectors.traces import waterfall
 
@@ -42,6 +43,7 @@ def conversation_timeline(request: HttpRequest, project: Project, pk: int) -> Ht
             "budget": token_budget(conversation),
             "waterfall_round": first_traced,
             "waterfall": waterfall(project, first_traced.trace_id, with_details=False) if first_traced else None,
+            **dict(zip(("genai_logs", "genai_logs_more"), conversation_messages(conversation))),
         },
     )
 

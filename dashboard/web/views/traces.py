@@ -7,6 +7,7 @@ from dashboard.accounts.models import Project
 from dashboard.observatory.models import Conversation
 
 from ..access import project_page
+from ..selectors.logs import trace_logs
 from ..selectors.traces import waterfall
 
 
@@ -19,8 +20,12 @@ def trace_detail(request: HttpRequest, project: Project, trace_id: str) -> HttpR
     conversations = list(
         Conversation.objects.filter(project=project, pk__in=conversation_ids).only("id", "title", "external_id")[:5]
     )
+    logs = trace_logs(project, trace_id, {row.span.span_id for row in view.rows})
+    for row in view.rows:
+        row.span.logs = logs.by_span.get(row.span.span_id, ())
     return render(
         request,
         "web/trace.html",
-        {"project": project, "nav_section": "conversations", "waterfall": view, "conversations": conversations},
+        {"project": project, "nav_section": "conversations", "waterfall": view, "conversations": conversations,
+         "trace_logs": logs},
     )

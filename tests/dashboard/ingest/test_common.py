@@ -118,3 +118,45 @@ def test_it_frees_the_gate_after_errors(settings):
             raise ValueError("boom")
     with ingest_gate():
         assert refusal(lambda: ingest_gate().__enter__()) == (429, "too many concurrent ingest requests")
+
+
+class Dribble:
+    """A server's input stream that returns a few bytes a read, as a socket does."""
+
+    def __init__(self, data: bytes, step: int = 3) -> None:
+        self.data, self.step = data, step
+
+    def read(self, size: int = -1) -> bytes:
+        part, self.data = self.data[: min(self.step, size)], self.data[min(self.step, size):]
+        return part
+
+
+def chunked_request(data: bytes, **headers):
+    """What gunicorn hands Django for ``Transfer-Encoding: chunked``: no
+    Content-Length, the decoded chunks on wsgi.input."""
+    made = RequestFactory().generic("POST", "/x", b"", content_type="application/x-protobuf",
+                                    HTTP_TRANSFER_ENCODING="chunked", **headers)
+    made.META.pop("CONTENT_LENGTH", None)
+    made.META["wsgi.input"] = Dribble(data)
+    return made
+
+
+def test_it_reads_a_chunked_body_to_its_end():
+    assert read_body(chunked_request(b"0123456789" * 10), max_bytes=100, max_decoded_bytes=100) == b"0123456789" * 10
+    packed = gzip.compress(b"hello " * 50)
+    assert read_body(chunked_request(packed, HTTP_CONTENT_ENCODING="gzip"), max_bytes=1000,
+                     max_decoded_bytes=1000) == b"hello " * 50
+
+
+def test_it_bounds_a_chunked_body_before_and_after_gzip():
+    assert refusal(lambda: read_body(chunked_request(b"x" * 101), max_bytes=100, max_decoded_bytes=1000))[0] == 413
+    bomb = gzip.compress(b"0" * 100_000)
+    assert refusal(lambda: read_body(chunked_request(bomb, HTTP_CONTENT_ENCODING="gzip"), max_bytes=10_000,
+                                     max_decoded_bytes=1000))[0] == 413
+
+
+def test_it_refuses_a_body_shorter_than_its_content_length():
+    short = request(b"abc")
+    short.META["CONTENT_LENGTH"] = "10"
+    assert refusal(lambda: read_body(short, max_bytes=99, max_decoded_bytes=99)) == (
+        400, "body ended after 3 of its 10 bytes")

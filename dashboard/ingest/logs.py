@@ -1,0 +1,125 @@
+"""Store decoded OTLP log records and link them to their conversation.
+
+The logs twin of ``spans.spans_store``: one transaction, one bulk insert that
+skips what is already stored (a retried batch: (project, trace_id, span_id,
+record_hash) is unique, the hash taken over the record's content), acknowledged
+only after the commit.
+
+A record's conversation is, in order: its own ``gen_ai.conversation.id`` /
+``session.id`` (attribute, else resource; created when new, as for spans); the
+conversation of its span when that span is stored; else of another span of its
+trace. A record whose span arrives later is linked by the link derivation
+(``derivations.log_records_link``), which the span's batch enqueues through the
+outbox like every other link.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Sequence
+
+from django.db import transaction
+from django.utils import timezone as dj_timezone
+
+from dashboard.accounts.models import Project
+from dashboard.observatory.models import LogRecord, Span
+from dashboard.observatory.services import conversations_get_or_create, insert_ignoring_conflicts
+from dashboard.priority import yield_to_pages
+
+from .otlp_logs import LogRow
+from .spans import _CONVERSATION_KEY_MAX, _LOOKUP_CHUNK, CONVERSATION_KEYS, _as_text, _attribute, _aware
+
+_EVENT_NAME_MAX = LogRecord._meta.get_field("event_name").max_length
+_SERVICE_MAX = LogRecord._meta.get_field("service_name").max_length
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLogs:
+    inserted: int
+    duplicates: int
+    linked: int  # records stored with a conversation
+
+
+def record_hash(log: LogRow) -> str:
+    """What makes a record the same record when a batch is sent again."""
+    content = json.dumps(
+        [log.time_unix_nano, log.observed_time_unix_nano, log.severity_number, log.severity_text,
+         log.event_name, log.body, log.attributes, log.service_name],
+        sort_keys=True, ensure_ascii=False, default=str,
+    )
+    return hashlib.sha256(content.encode("utf-8", "replace")).hexdigest()[:32]
+
+
+def _time(unix_nano: int) -> datetime | None:
+    return _aware(unix_nano) if unix_nano > 0 else None
+
+
+def logs_store(*, project: Project, logs: Sequence[LogRow]) -> StoredLogs:
+    """Store one decoded batch for ``project`` in one transaction."""
+    if not logs:
+        return StoredLogs(0, 0, 0)
+    keys = [_as_text(_attribute(log, CONVERSATION_KEYS), _CONVERSATION_KEY_MAX) for log in logs]
+    received_at = dj_timezone.now()
+    rows = [
+        {
+            "project_id": project.pk,
+            "trace_id": log.trace_id,
+            "span_id": log.span_id,
+            "record_hash": record_hash(log),
+            "time": _time(log.time_unix_nano) or _time(log.observed_time_unix_nano),
+            "observed_time": _time(log.observed_time_unix_nano),
+            "severity_number": log.severity_number,
+            "severity_text": log.severity_text,
+            "event_name": log.event_name[:_EVENT_NAME_MAX],
+            "body": log.body,
+            "attributes": log.attributes,
+            "resource": log.resource,
+            "service_name": log.service_name[:_SERVICE_MAX],
+            "conversation_key": key,
+            "received_at": received_at,
+            "truncated": log.truncated,
+        }
+        for log, key in zip(logs, keys)
+    ]
+    yield_to_pages()  # not inside the transaction: on SQLite it holds the write lock
+    with transaction.atomic():
+        by_key = _conversations_for(project, logs, keys)
+        by_span, by_trace = _span_conversations(project, {log.trace_id for log in logs if log.trace_id})
+        linked = 0
+        for row, log, key in zip(rows, logs, keys):
+            conversation = (
+                by_key.get(key) if key else None
+            ) or by_span.get((log.trace_id, log.span_id)) or by_trace.get(log.trace_id)
+            row["conversation_id"] = conversation
+            linked += conversation is not None
+        inserted = insert_ignoring_conflicts(LogRecord, rows)
+    return StoredLogs(inserted, len(rows) - inserted, linked)
+
+
+def _conversations_for(project: Project, logs: Sequence[LogRow], keys: Sequence[str]) -> dict[str, int]:
+    seen: dict[str, tuple[datetime, datetime]] = {}
+    for log, key in zip(logs, keys):
+        if key:
+            moment = _time(log.time_unix_nano) or _time(log.observed_time_unix_nano) or dj_timezone.now()
+            low, high = seen.get(key, (moment, moment))
+            seen[key] = (min(low, moment), max(high, moment))
+    return conversations_get_or_create(project=project, first_seen=seen) if seen else {}
+
+
+def _span_conversations(project: Project, trace_ids: set[str]) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+    """The conversation of each stored span of these traces that has one, and one
+    conversation per trace (a record of the trace with no span of its own takes it)."""
+    by_span: dict[tuple[str, str], int] = {}
+    by_trace: dict[str, int] = {}
+    traces = sorted(trace_ids)
+    for start in range(0, len(traces), _LOOKUP_CHUNK):
+        for trace_id, span_id, conversation_id in Span.objects.filter(
+            project=project, trace_id__in=traces[start : start + _LOOKUP_CHUNK], conversation__isnull=False
+        ).values_list("trace_id", "span_id", "conversation_id"):
+            by_span[(trace_id, span_id)] = conversation_id
+            by_trace.setdefault(trace_id, conversation_id)
+    return by_span, by_trace
+
