@@ -40,6 +40,10 @@ class ToolTimeoutError(PipelineError, TimeoutError):
     """A tool did not finish within its timeout (the seeds' TimeoutException)."""
 
 
+#: The seeds' name (v2.1 ToolTimeoutHandler: "超时抛出 TimeoutException").
+TimeoutException = ToolTimeoutError
+
+
 class SkillError(PipelineError):
     """Base of skill loading and activation errors."""
 
