@@ -53,6 +53,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections import OrderedDict
 from pathlib import Path, PurePath
 from typing import Any, Callable, Optional, Union
 
@@ -408,6 +409,7 @@ class ArtifactStore:
                 os.utime(data_path, (now, now), follow_symlinks=False)
                 self._write_atomic(self._path(artifact_id, _META_SUFFIX), meta.sidecar())
                 self._index[artifact_id] = meta
+                _remember_data_file(artifact_id, data_path)
                 self._total += meta.size_bytes - (old.size_bytes if old else 0)
                 if self._total > self._max_total:
                     self._cleanup_by_size(keep=artifact_id)
@@ -574,10 +576,6 @@ class ArtifactStore:
         except Exception as exc:  # the cleaner must outlive a bad pass
             logger.error("artifact cleanup failed (%s)", type(exc).__name__)
 
-    def _data_path(self, artifact_id: str) -> str:
-        """The real file of an artifact, for ToolExecutionResult's private
-        ``_data_file`` only: never shown in an observation, log or message."""
-        return str(self._path(validate_artifact_id(artifact_id), _DATA_SUFFIX))
 
     def _path(self, artifact_id: str, suffix: str) -> Path:
         return self._root / f"{artifact_id}{suffix}"
@@ -585,6 +583,9 @@ class ArtifactStore:
     def _live_meta(self, artifact_id: str) -> _Meta:
         with self._lock:
             meta = self._index.get(artifact_id) or self._load_one(artifact_id)
+            if meta is not None and not os.path.exists(self._path(artifact_id, _META_SUFFIX)):
+                self._total -= self._index.pop(artifact_id).size_bytes  # another store removed it
+                meta = None
             if meta is not None and meta.expires_at is not None and meta.expires_at <= self._clock():
                 self._remove(artifact_id)
                 meta = None
@@ -771,6 +772,25 @@ def _unlink_quietly(path: Path) -> None:
         pass
     except OSError as exc:
         logger.warning("could not remove a store file (%s)", exc.strerror)
+
+
+_DATA_FILES: "OrderedDict[str, str]" = OrderedDict()  # artifact id -> its file, most recent last
+_DATA_FILES_MAX = 10_000
+
+
+def _remember_data_file(artifact_id: str, path: Path) -> None:
+    with _OPEN_LOCK:
+        _DATA_FILES[artifact_id] = str(path)
+        _DATA_FILES.move_to_end(artifact_id)
+        if len(_DATA_FILES) > _DATA_FILES_MAX:
+            _DATA_FILES.popitem(last=False)
+
+
+def artifact_data_file(artifact_id: str) -> Optional[str]:
+    """The real file an artifact was last stored to in this process (for
+    ToolExecutionResult's private ``_data_file`` only: never shown to the model,
+    in a log or in a message), or None."""
+    return _DATA_FILES.get(artifact_id)
 
 
 def lru_victims(

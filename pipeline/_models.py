@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ._artifacts import ARTIFACT_ID_RE
+from ._artifacts import ARTIFACT_ID_RE, THRESHOLD_BYTES, artifact_data_file
 from ._bounds import MAX_BYTES, MAX_COUNT, MAX_DURATION_MS, MAX_RETRIES
 from ._levels import (
     OutputLevel,
@@ -148,12 +148,6 @@ class Payload:
         return hashlib.sha256(self.body).hexdigest()
 
 
-def _artifact_threshold() -> int:
-    from ._artifacts import THRESHOLD_BYTES  # the store's module owns the threshold
-
-    return THRESHOLD_BYTES
-
-
 class ToolExecutionResult(BaseModel):
     """The one result model of a tool execution (seeds v2.0.1+).
 
@@ -186,8 +180,11 @@ class ToolExecutionResult(BaseModel):
     # What degraded without failing the call (artifact store or token counter down).
     warnings: list[str] = Field(default_factory=list, max_length=20)
 
-    # The seeds' private real path of the stored data (never serialised, never shown).
-    _data_file: Optional[str] = PrivateAttr(default=None)
+    @property
+    def _data_file(self) -> Optional[str]:
+        """The seeds' private real path of the stored data: never serialised, never
+        shown to the model (a property, so it costs a result nothing until read)."""
+        return artifact_data_file(self.artifact_id) if self.artifact_id else None
 
     # ------------------------------------------------------------------ building
 
@@ -245,11 +242,10 @@ class ToolExecutionResult(BaseModel):
         """from_raw_data for data already encoded (the executor encodes once) and a
         store already resolved."""
         artifact_id: Optional[str] = None
-        data_file: Optional[str] = None
         summary: Optional[str] = None
         warnings: list[str] = []
         level = output_level
-        large = payload.size_bytes >= _artifact_threshold()
+        large = payload.size_bytes >= THRESHOLD_BYTES
         if storage is not None and (force_artifact or output_level is OutputLevel.FULL or large):
             try:
                 extra = {} if conversation_id is None else {"conversation_id": conversation_id}
@@ -260,8 +256,6 @@ class ToolExecutionResult(BaseModel):
                     **extra,
                 )
                 artifact_id = info.artifact_id
-                data_path = getattr(storage, "_data_path", None)
-                data_file = data_path(artifact_id) if callable(data_path) else None
             except Exception as exc:  # the store is an edge: degrade, keep the data inline
                 logger.warning("artifact store failed for %s: %s", tool_call_id, exc)
                 warnings.append(f"artifact_store_failed: {type(exc).__name__}: {str(exc)[:200]}")
@@ -272,7 +266,7 @@ class ToolExecutionResult(BaseModel):
             observation = _render(payload.raw, OutputLevel.FULL, artifact_id, summary, None)
         else:
             observation = _render(payload.raw, level, None, None, payload.full_json)
-        result = cls(
+        return cls(
             tool_call_id=tool_call_id,
             observation=observation,
             output_level=output_level,
@@ -283,8 +277,6 @@ class ToolExecutionResult(BaseModel):
             success=True,
             warnings=warnings,
         )
-        result._data_file = data_file
-        return result
 
     def create_retry(self, new_timeout_ms: int) -> "ToolExecutionResult":
         """The seeds' (v2.0) record of a retry about to run after this failure:
