@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Union
 
-from ._artifacts import _CLEANER, ArtifactStore, lru_victims, open_store
+from . import _artifacts
+from ._artifacts import ArtifactStore, lru_victims, open_store
 from ._config import require
 from ._exceptions import ArtifactError
 from ._models import Payload
@@ -117,16 +118,16 @@ class DataFileManager:
     def start_cleanup_daemon(self) -> None:
         """Clean now and every ``cleanup_interval`` seconds on the cleaner thread."""
         with self._lock:
-            if self._running and _CLEANER.running(self):
+            if self._running and _artifacts._CLEANER.running(self):
                 logger.warning("Cleanup daemon already running")
                 return
             self._running = True
-        _CLEANER.enrol(self, self.cleanup_interval, run_now=True)
+        _artifacts._CLEANER.enrol(self, self.cleanup_interval, run_now=True)
 
     def stop_cleanup_daemon(self, timeout: float = 5.0) -> None:
         with self._lock:
             self._running = False
-        _CLEANER.withdraw(self, timeout)
+        _artifacts._CLEANER.withdraw(self, timeout)
 
     def __enter__(self) -> "DataFileManager":
         return self

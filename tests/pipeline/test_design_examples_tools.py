@@ -868,6 +868,31 @@ def test_it_cleans_by_size_only_down_to_the_low_water_mark(tmp_path, monkeypatch
     assert [p.exists() for p in paths] == [True] + [False] * 6 + [True] * 3
 
 
+def test_it_restarts_the_file_managers_daemon_after_a_stop(tmp_path, monkeypatch, cleaner):
+    # the design's stop left its shutdown event set: a restarted daemon exited at once
+    monkeypatch.setattr(DataFileManager, "STORAGE_DIR", tmp_path)
+    monkeypatch.setattr(DataFileManager, "METADATA_FILE", tmp_path / ".metadata.json")
+    manager = DataFileManager(auto_start=True)
+    assert cleaner.running(manager)
+    manager.stop_cleanup_daemon()
+    assert not cleaner.running(manager)
+    manager.start_cleanup_daemon()
+    assert cleaner.running(manager)
+    manager.stop_cleanup_daemon()
+
+
+def test_it_stops_at_once_when_the_design_would_have_deleted_nothing(tmp_path, monkeypatch):
+    # 1.2 x the limit: the design's stop test was true before the first deletion
+    monkeypatch.setattr(DataFileManager, "STORAGE_DIR", tmp_path)
+    monkeypatch.setattr(DataFileManager, "METADATA_FILE", tmp_path / ".metadata.json")
+    manager = DataFileManager(max_size_gb=1000 / 1024**3, auto_start=False)
+    for i in range(6):
+        path = tmp_path / f"f{i}.json"
+        path.write_bytes(b"x" * 200)
+        manager.register_file(path, {"size_bytes": 200})
+    assert manager.cleanup_by_size() == 2  # 1200 -> 800
+
+
 def test_it_remembers_managed_files_across_a_restart_and_refuses_paths_outside(tmp_path, monkeypatch):
     monkeypatch.setattr(DataFileManager, "STORAGE_DIR", tmp_path / "data")
     monkeypatch.setattr(DataFileManager, "METADATA_FILE", tmp_path / "data" / ".metadata.json")
