@@ -40,6 +40,7 @@ from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Mapping, Optional, Protocol
 
+from ._priority import defer_to_tool_calls
 from ._spool import Spool
 
 logger = logging.getLogger("pipeline.exporter")
@@ -407,6 +408,8 @@ class DeliveryQueue:
                     break
                 now = self._monotonic()
                 if self._due(now):
+                    if self._depth() < self.max_items // 2:
+                        defer_to_tool_calls()  # a burst of tool calls goes first
                     self._send_next()
                     continue
                 self._wait(self._wake, self._until_next(now))
@@ -455,7 +458,10 @@ class DeliveryQueue:
         entries: list[_Entry] = []
         losses: dict[tuple[str, str], int] = {}
         yielded = time.perf_counter()
+        defer = len(items) + len(self._pending) < self.max_items // 2  # deferring cannot lose anything
         for item, queued_at in items:
+            if defer:
+                defer_to_tool_calls()  # a short tool call in flight goes first
             # Let a waiting agent thread have the GIL every YIELD_S of work: building
             # one item is short, a whole batch is not, and the agent must not wait on
             # us for long (the interpreter alone would make it wait 5 ms).

@@ -31,6 +31,7 @@ from ._artifacts import resolve_storage
 from ._errors import ToolErrorResponse, ToolErrorType, describe_exception
 from ._exceptions import ConfigError, ToolTimeoutError
 from ._levels import OutputLevel, _render, resolve_output_level, summarize_data
+from ._priority import call_ended, call_started
 from ._models import Payload, ToolCachePolicy, ToolExecutionResult, ToolInvocationRequest
 from ._records import LevelRendering
 from ._retry import ToolRetryPolicy
@@ -385,17 +386,21 @@ class ToolExecutor:
             raise TypeError("execute() takes a ToolInvocationRequest")
         started = self._clock()
         lazy = bool(self.on_result)
+        call_started()  # exporter threads defer to this call while it is short
         try:
-            prepared = self._prepare(request, context_usage, context_modifier, want_renderings, lazy)
-            if isinstance(prepared, _Call):
-                outcome = self._drive(prepared)
-                result, renderings = self._finish(prepared, outcome, want_renderings, lazy, conversation_id)
-            else:
-                result, renderings = prepared
-        except Exception as exc:  # a bug of ours must not reach the agent loop either
-            logger.exception("tool executor failed on %s", request.tool_call_id)
-            result, renderings = self._internal_error(request, exc), []
-        return self._done(request, result, renderings, started), renderings
+            try:
+                prepared = self._prepare(request, context_usage, context_modifier, want_renderings, lazy)
+                if isinstance(prepared, _Call):
+                    outcome = self._drive(prepared)
+                    result, renderings = self._finish(prepared, outcome, want_renderings, lazy, conversation_id)
+                else:
+                    result, renderings = prepared
+            except Exception as exc:  # a bug of ours must not reach the agent loop either
+                logger.exception("tool executor failed on %s", request.tool_call_id)
+                result, renderings = self._internal_error(request, exc), []
+            return self._done(request, result, renderings, started), renderings
+        finally:
+            call_ended()
 
     def _done(
         self,
