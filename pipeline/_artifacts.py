@@ -909,6 +909,20 @@ def open_store(root: Union[str, os.PathLike[str]]) -> ArtifactStore:
         return store
 
 
+def stores_holding(artifact_id: str) -> builtins.list[ArtifactStore]:
+    """The process's open stores (``open_store``) that hold ``artifact_id``."""
+    with _OPEN_LOCK:
+        stores = builtins.list(_OPEN_STORES.values())
+    found = []
+    for store in stores:
+        try:
+            if store.exists(artifact_id):
+                found.append(store)
+        except ArtifactError:
+            continue
+    return found
+
+
 def resolve_storage(value: Any) -> Any:
     """What a ``storage_dir`` / ``storage`` argument names: None, the store on a
     directory path (str or PathLike), or a store object (anything with ``store()``).

@@ -12,13 +12,15 @@ call that started less than ``MAX_DEFER_S`` ago, and for ``QUIET_S`` after the l
 call ended. A burst of back-to-back calls is exported right after the burst.
 
 Bounds: a long-running tool (over ``MAX_DEFER_S``: real I/O, where the agent waits
-anyway) does not hold export up, and the delivery queue stops deferring once it is
-half full, so deferring never drops a record or a span.
+anyway) does not hold export up, and a delivery queue stops deferring once it is
+four-fifths full and starts again only when it is down to a fifth, so a burst longer
+than the queue is caught up with at full speed, as without deferring.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 MAX_DEFER_S = 0.002  # a call running longer than this is not short: export goes on beside it
 QUIET_S = 0.001  # the agent counts as busy this long after its last tool call ended
@@ -48,10 +50,10 @@ def agent_busy_for() -> float:
     return max(0.0, QUIET_S - (now - _ended))
 
 
-def defer_to_tool_calls() -> None:
+def defer_to_tool_calls(may_wait: Callable[[], bool]) -> None:
     """Called by an exporter thread between items: sleep while the agent is busy
-    calling tools (see the module docstring for the bounds)."""
+    calling tools and ``may_wait()`` (its queue has room) says so."""
     wait = agent_busy_for()
-    while wait > 0:
+    while wait > 0 and may_wait():
         time.sleep(wait)
         wait = agent_busy_for()

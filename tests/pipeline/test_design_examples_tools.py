@@ -935,6 +935,20 @@ def test_it_retries_every_transient_error_by_default():
     assert all(policy.should_retry(t, 0) for t in ToolErrorType if t.is_retryable)
 
 
+def test_it_uploads_artifacts_stored_in_a_requests_storage_dir(tmp_path, collector):
+    from pipeline import RecordExporter, hook_executor
+
+    executor = ToolExecutor()  # no store of its own: the request names one
+    executor.register("rows", lambda: [{"id": i} for i in range(30)])
+    exporter = RecordExporter(collector.url, "key")
+    hook_executor(executor, exporter=exporter, conversation_id="conv-1")
+    result = executor.execute(ToolInvocationRequest(tool_call_id="c1", tool_name="rows", output_level="full",
+                                                    storage_dir=str(tmp_path)))
+    assert exporter.flush(10)
+    exporter.shutdown(5)
+    assert collector.artifacts[result.artifact_id] == open_store(tmp_path).retrieve(result.artifact_id)
+
+
 def main() -> int:
     failures = []
     for name, where, code in DOCUMENTED:
