@@ -83,7 +83,7 @@ class CacheStats:
 _UNSET: Any = object()
 
 
-def _seconds(value: Any, field: str) -> Any:
+def _seconds(value: Any) -> Any:
     """A TTL given as a timedelta (the seeds' ``ttl=``) in seconds; others as given."""
     if isinstance(value, timedelta):
         return value.total_seconds()
@@ -106,13 +106,13 @@ def _documented_sizes(
     if ttl is not None:
         if default_ttl is not _UNSET:
             raise ConfigError("ttl", "give ttl or default_ttl_seconds, not both")
-        default_ttl = _seconds(ttl, "ttl")
+        default_ttl = _seconds(ttl)
     if max_entries is not None:
         if max_size is not _UNSET:
             raise ConfigError("max_entries", "give max_entries or max_size, not both")
         max_size = max_entries
     return (default_max if max_size is _UNSET else max_size), (
-        default_secs if default_ttl is _UNSET else _seconds(default_ttl, "default_ttl_seconds")
+        default_secs if default_ttl is _UNSET else _seconds(default_ttl)
     )
 
 
