@@ -149,6 +149,24 @@ __all__ += [
     "get_token_counter",
     "validate_artifact_id",
 ]
+# The design documents' own names for the tool side (docs/design-conformance-tools.md).
+from ._artifacts import open_store
+from ._cache import get_idempotency_cache
+from ._exceptions import TimeoutException
+from ._executor import PipelineToolWrapper
+from ._storage import DataFileManager, DataStorage
+from ._threadsafe import ThreadSafeContainer, ThreadSafeMixin
+
+__all__ += [
+    "DataFileManager",
+    "DataStorage",
+    "PipelineToolWrapper",
+    "ThreadSafeContainer",
+    "ThreadSafeMixin",
+    "TimeoutException",
+    "get_idempotency_cache",
+    "open_store",
+]
 # --- context (compression), skills, metrics ---
 from ._compression import AdvancedContextManager, BasicContextManager, ContextCompressionConfig
 from ._summarizers import ExtractiveSummarizer, LLMSummarizer, Summarizer

@@ -18,7 +18,8 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Generic, Hashable, Literal, Optional, TypeVar, Union
+from datetime import datetime, timedelta
+from typing import Any, Callable, Generic, Hashable, Literal, Optional, TypeVar, Union
 
 from ._config import require
 from ._exceptions import ConfigError
@@ -79,19 +80,63 @@ class CacheStats:
         }
 
 
+_UNSET: Any = object()
+
+
+def _seconds(value: Any) -> Any:
+    """A TTL given as a timedelta (the seeds' ``ttl=``) in seconds; others as given."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return value
+
+
+def _documented_sizes(
+    max_size: Any, default_ttl: Any, ttl: Any, max_entries: Any, default_max: int, default_secs: Any
+) -> tuple[Any, Any]:
+    """Fold the seeds' ``(ttl: timedelta, max_entries)`` forms (keywords, or
+    positional with a timedelta first) into (max_size, default_ttl_seconds)."""
+    if isinstance(max_size, timedelta):  # TTLCache(timedelta(...), 100) as in v2.0
+        if ttl is not None:
+            raise ConfigError("ttl", "given twice")
+        ttl, max_size = max_size, _UNSET
+        if default_ttl is not _UNSET:
+            if max_entries is not None:
+                raise ConfigError("max_entries", "given twice")
+            max_entries, default_ttl = default_ttl, _UNSET
+    if ttl is not None:
+        if default_ttl is not _UNSET:
+            raise ConfigError("ttl", "give ttl or default_ttl_seconds, not both")
+        default_ttl = _seconds(ttl)
+    if max_entries is not None:
+        if max_size is not _UNSET:
+            raise ConfigError("max_entries", "give max_entries or max_size, not both")
+        max_size = max_entries
+    return (default_max if max_size is _UNSET else max_size), (
+        default_secs if default_ttl is _UNSET else _seconds(default_ttl)
+    )
+
+
 class TTLCache(Generic[K, V]):
     """A bounded LRU cache whose entries expire after a TTL.
 
     ``default_ttl_seconds=None`` means entries never expire unless ``set`` gives a
-    TTL; ``set(..., ttl_seconds=math.inf)`` stores one entry without expiry.
+    TTL; ``set(..., ttl_seconds=math.inf)`` stores one entry without expiry. The
+    seeds' constructor, ``TTLCache(ttl=timedelta(...), max_entries=1000)`` (or
+    positional with the timedelta first), is taken too.
     """
 
     def __init__(
         self,
-        max_size: int = 1000,
-        default_ttl_seconds: Optional[float] = 300,
+        max_size: Any = _UNSET,
+        default_ttl_seconds: Any = _UNSET,
         clock: Clock = time.monotonic,
+        *,
+        ttl: Union[timedelta, float, None] = None,
+        max_entries: Optional[int] = None,
     ) -> None:
+        max_size, default_ttl_seconds = _documented_sizes(
+            max_size, default_ttl_seconds, ttl, max_entries, 1000, 300
+        )
         require(
             isinstance(max_size, int) and not isinstance(max_size, bool) and max_size >= 1,
             "max_size",
@@ -168,6 +213,10 @@ class TTLCache(Generic[K, V]):
         with self._lock:
             return CacheStats(self._hits, self._misses, self._evictions, self._expirations, len(self._entries), self._max_size)
 
+    def size(self) -> int:
+        """The seeds' name for ``len(cache)``."""
+        return len(self)
+
     def __len__(self) -> int:
         """Entries held, expired ones not yet dropped included."""
         with self._lock:
@@ -219,11 +268,33 @@ class IdempotencyCache(TTLCache[str, ToolExecutionResult]):
 
     def __init__(
         self,
-        max_size: int = 10_000,
-        default_ttl_seconds: Optional[float] = 3600,
+        max_size: Any = _UNSET,
+        default_ttl_seconds: Any = _UNSET,
         clock: Clock = time.monotonic,
+        *,
+        ttl_seconds: Optional[float] = None,
+        max_entries: Optional[int] = None,
+        ttl: Union[timedelta, float, None] = None,
     ) -> None:
+        """Defaults 10,000 entries, 1 hour; the seeds' ``ttl_seconds=`` and
+        ``max_entries=`` keywords are taken too."""
+        if ttl_seconds is not None:
+            if ttl is not None:
+                raise ConfigError("ttl_seconds", "give ttl_seconds or ttl, not both")
+            ttl = ttl_seconds
+        max_size, default_ttl_seconds = _documented_sizes(
+            max_size, default_ttl_seconds, ttl, max_entries, 10_000, 3600
+        )
         super().__init__(max_size=max_size, default_ttl_seconds=default_ttl_seconds, clock=clock)
+
+    def get_cached_result(self, key: str) -> Optional[ToolExecutionResult]:
+        """The seeds' name: the result cached under ``key`` (a copy), or None."""
+        cached = self.get(key)
+        return None if cached is None else cached.model_copy(deep=True)
+
+    def cache_result(self, key: str, result: ToolExecutionResult) -> None:
+        """The seeds' name: cache ``result`` (a copy) under ``key`` for the default TTL."""
+        self.set(key, result.model_copy(deep=True))
 
     def ttl_for(self, policy: ToolCachePolicy) -> Union[float, None, Literal[0]]:
         """0: do not cache (NO_CACHE); None: no expiry (CACHEABLE on a cache
@@ -274,11 +345,51 @@ class SummaryCache(TTLCache[str, dict]):
 
     def __init__(
         self,
-        max_size: int = 1000,
-        default_ttl_seconds: Optional[float] = 86400,
+        max_size: Any = _UNSET,
+        default_ttl_seconds: Any = _UNSET,
         clock: Clock = time.monotonic,
+        *,
+        ttl_hours: Optional[float] = None,
+        max_entries: Optional[int] = None,
+        ttl: Union[timedelta, float, None] = None,
     ) -> None:
+        """Defaults 1,000 entries, 24 hours; the seeds' ``ttl_hours=`` and
+        ``max_entries=`` keywords are taken too."""
+        if ttl_hours is not None:
+            if ttl is not None:
+                raise ConfigError("ttl_hours", "give ttl_hours or ttl, not both")
+            require(
+                isinstance(ttl_hours, (int, float)) and not isinstance(ttl_hours, bool),
+                "ttl_hours",
+                "must be a number of hours",
+            )
+            ttl = ttl_hours * 3600.0
+        max_size, default_ttl_seconds = _documented_sizes(
+            max_size, default_ttl_seconds, ttl, max_entries, 1000, 86400
+        )
         super().__init__(max_size=max_size, default_ttl_seconds=default_ttl_seconds, clock=clock)
+
+    @staticmethod
+    def _make_key(conversation_id: str, message_hash: str) -> str:
+        return f"{conversation_id}:{message_hash}"
+
+    def get_cached_summary(self, conversation_id: str, message_hash: str) -> Optional[str]:
+        """The seeds' form: the summary cached for these messages, or None."""
+        cached = self.get(self._make_key(conversation_id, message_hash))
+        return cached.get("summary") if isinstance(cached, dict) else None
+
+    def cache_summary(
+        self,
+        conversation_id: str,
+        message_hash: str,
+        summary: str,
+        metadata: Optional[dict] = None,
+    ) -> None:
+        """The seeds' form: cache ``{"summary", "timestamp", "metadata"}``."""
+        self.set(
+            self._make_key(conversation_id, message_hash),
+            {"summary": summary, "timestamp": datetime.now().isoformat(), "metadata": metadata or {}},
+        )
 
     @staticmethod
     def key_for(texts: list[str], model: str) -> str:
@@ -292,3 +403,17 @@ class SummaryCache(TTLCache[str, dict]):
             digest.update(len(data).to_bytes(8, "big"))
             digest.update(data)
         return digest.hexdigest()
+
+
+_global_idempotency_cache: Optional[IdempotencyCache] = None
+_global_lock = threading.Lock()
+
+
+def get_idempotency_cache() -> IdempotencyCache:
+    """The process-wide idempotency cache (seeds v2.0), created on first use."""
+    global _global_idempotency_cache
+    if _global_idempotency_cache is None:
+        with _global_lock:
+            if _global_idempotency_cache is None:
+                _global_idempotency_cache = IdempotencyCache()
+    return _global_idempotency_cache

@@ -40,6 +40,7 @@ from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Mapping, Optional, Protocol
 
+from ._priority import defer_to_tool_calls
 from ._spool import Spool
 
 logger = logging.getLogger("pipeline.exporter")
@@ -259,6 +260,7 @@ class DeliveryQueue:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._intake: deque[tuple[Any, float]] = deque()
+        self._deferring = True  # see _room_to_defer
         self._absorbing = 0
         self._pending: deque[_Entry] = deque()
         self._pending_bytes = 0
@@ -407,6 +409,7 @@ class DeliveryQueue:
                     break
                 now = self._monotonic()
                 if self._due(now):
+                    defer_to_tool_calls(self._room_to_defer)  # a burst of tool calls goes first
                     self._send_next()
                     continue
                 self._wait(self._wake, self._until_next(now))
@@ -456,6 +459,7 @@ class DeliveryQueue:
         losses: dict[tuple[str, str], int] = {}
         yielded = time.perf_counter()
         for item, queued_at in items:
+            defer_to_tool_calls(self._room_to_defer)  # a burst of tool calls goes first
             # Let a waiting agent thread have the GIL every YIELD_S of work: building
             # one item is short, a whole batch is not, and the agent must not wait on
             # us for long (the interpreter alone would make it wait 5 ms).
@@ -611,6 +615,18 @@ class DeliveryQueue:
         return ceiling * (0.5 + 0.5 * self._jitter())
 
     # --- bookkeeping ----------------------------------------------------------------
+
+    def _room_to_defer(self) -> bool:
+        """Whether the sending thread may wait for the agent's tool calls: until the
+        queue is four-fifths full, then not again until it is down to a fifth, so a
+        long burst is caught up with rather than met with more waiting (the sending
+        thread's own state; the depth is read without the lock, as a hint)."""
+        depth = self._depth()
+        if self._deferring and depth >= self.max_items * 4 // 5:
+            self._deferring = False
+        elif not self._deferring and depth <= self.max_items // 5:
+            self._deferring = True
+        return self._deferring
 
     def _depth(self) -> int:
         return len(self._intake) + self._absorbing + len(self._pending) + len(self._in_flight)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from pydantic import ValidationError as _PydanticValidationError
 
 from ._exceptions import ArtifactNotFound, PipelineError
@@ -133,7 +133,10 @@ class ToolErrorResponse(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tool_call_id: str = Field(min_length=1, max_length=256)
+    # ``request_id`` is the seeds' v2.0 name (v2.1 calls it tool_call_id); both are taken.
+    tool_call_id: str = Field(
+        min_length=1, max_length=256, validation_alias=AliasChoices("tool_call_id", "request_id")
+    )
     error_type: ToolErrorType
     error_code: str = Field(min_length=1, max_length=200)
     error_message: str
@@ -148,6 +151,11 @@ class ToolErrorResponse(BaseModel):
             error_code=code[:200],
             error_message=describe_exception(exc),
         )
+
+    @property
+    def request_id(self) -> str:
+        """The seeds' v2.0 name of ``tool_call_id``."""
+        return self.tool_call_id
 
     @property
     def should_retry(self) -> bool:

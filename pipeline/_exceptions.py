@@ -40,6 +40,10 @@ class ToolTimeoutError(PipelineError, TimeoutError):
     """A tool did not finish within its timeout (the seeds' TimeoutException)."""
 
 
+#: The seeds' name (v2.1 ToolTimeoutHandler: "超时抛出 TimeoutException").
+TimeoutException = ToolTimeoutError
+
+
 class SkillError(PipelineError, ValueError):
     """Base of skill loading and activation errors. A ValueError, as the design
     raises for a cycle or too deep a nesting (``except ValueError`` catches them)."""

@@ -17,7 +17,9 @@ counter, artifact store, cache or callback (those degrade and are noted in
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import logging
 import threading
 import time
@@ -25,9 +27,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Union, overload
 
+from ._artifacts import resolve_storage
 from ._errors import ToolErrorResponse, ToolErrorType, describe_exception
 from ._exceptions import ConfigError, ToolTimeoutError
 from ._levels import OutputLevel, _render, resolve_output_level, summarize_data
+from ._priority import call_ended, call_started
 from ._models import Payload, ToolCachePolicy, ToolExecutionResult, ToolInvocationRequest
 from ._records import LevelRendering
 from ._retry import ToolRetryPolicy
@@ -92,6 +96,33 @@ class ToolSpec:
     default_level: Optional[OutputLevel] = None
     cache_policy: ToolCachePolicy = ToolCachePolicy.NO_CACHE
     timeout_ms: Optional[int] = None
+    is_async: bool = False  # an ``async def`` tool: run to completion, never returned as a coroutine
+
+
+def _is_async_callable(func: Any) -> bool:
+    while isinstance(func, functools.partial):
+        func = func.func
+    if inspect.iscoroutinefunction(func):
+        return True
+    call = getattr(func, "__call__", None)  # noqa: B004 - an object with ``async def __call__``
+    return call is not None and not inspect.isfunction(func) and inspect.iscoroutinefunction(call)
+
+
+async def _awaited(awaitable: Any, timeout_s: float) -> Any:
+    # Cancelled at the timeout, so the worker thread is freed rather than stuck.
+    return await asyncio.wait_for(awaitable, timeout_s)
+
+
+def _run_to_completion(awaitable: Any, timeout_ms: float) -> Any:
+    """Run a coroutine (or other awaitable) on a loop of this worker thread's own."""
+    try:
+        return asyncio.run(_awaited(awaitable, timeout_ms / 1000.0))
+    except asyncio.TimeoutError:
+        raise ToolTimeoutError(f"Tool timed out after {timeout_ms:g}ms") from None
+
+
+def _call_async_tool(func: Callable[..., Any], parameters: Mapping[str, Any], timeout_ms: float) -> Any:
+    return _run_to_completion(func(**parameters), timeout_ms)
 
 
 def _checked_spec(
@@ -120,7 +151,7 @@ def _checked_spec(
         policy = ToolCachePolicy(cache_policy)
     except ValueError:
         raise ConfigError("cache_policy", f"not a cache policy: {cache_policy!r}") from None
-    return ToolSpec(name, func, version, level, policy, timeout_ms)
+    return ToolSpec(name, func, version, level, policy, timeout_ms, _is_async_callable(func))
 
 
 def pipeline_tool(
@@ -160,7 +191,14 @@ def pipeline_tool(
 
 class ToolExecutor:
     """Runs registered tools for an agent and turns every outcome into a
-    ToolExecutionResult. Safe to use from several threads at once."""
+    ToolExecutionResult. Safe to use from several threads at once.
+
+    Tools are plain ``def`` functions (seeds v2.1); an ``async def`` tool is run to
+    completion too: ``execute()`` runs it on the worker thread's own event loop,
+    ``await aexecute()`` on the caller's loop. ``storage_dir`` on a request sends
+    its large or FULL data to the store on that directory; ``conversation_id``
+    ties stored artifacts to a conversation, and ``end_conversation`` removes them.
+    """
 
     def __init__(
         self,
@@ -177,6 +215,7 @@ class ToolExecutor:
         tool_cache_policies: Optional[Mapping[str, Union[ToolCachePolicy, str]]] = None,
         timeout_handler: Optional[ToolTimeoutHandler] = None,
         on_result: Optional[Iterable[ResultCallback]] = None,
+        conversation_id: Optional[str] = None,
     ) -> None:
         if token_counter is None:
             from ._tokens import get_token_counter
@@ -187,7 +226,9 @@ class ToolExecutor:
 
             idempotency_cache = IdempotencyCache()
         self.token_counter = token_counter
-        self.artifact_store = artifact_store
+        self.artifact_store = resolve_storage(artifact_store)  # a directory path works too
+        self.conversation_id = conversation_id
+        self._stores_used: dict[int, Any] = {}  # stores of request storage_dirs, for end_conversation
         self.idempotency_cache = idempotency_cache
         self.retry_policy = retry_policy or ToolRetryPolicy()
         self.model = model
@@ -248,17 +289,20 @@ class ToolExecutor:
         *,
         context_usage: float = 0.0,
         context_modifier: Any = None,
+        conversation_id: Optional[str] = None,
     ) -> ToolExecutionResult:
         """Run one tool call and return its result; never raises for tool failures.
 
         ``context_usage`` (0..1) is how full the context window is (above 0.8 the
         level drops to BRIEF unless the call or the tool says otherwise);
         ``context_modifier`` is the active skill's modifier: a non-None
-        ``allowed_tools`` that lacks this tool denies the call without running it.
-        Only a request that is not a ToolInvocationRequest (a caller bug) raises,
-        and KeyboardInterrupt / SystemExit from a tool propagate as themselves.
+        ``allowed_tools`` that lacks this tool denies the call without running it;
+        ``conversation_id`` (default: the executor's) ties a stored artifact to
+        the conversation. Only a request that is not a ToolInvocationRequest (a
+        caller bug) raises, and KeyboardInterrupt / SystemExit from a tool
+        propagate as themselves.
         """
-        return self._execute(request, context_usage, context_modifier, False)[0]
+        return self._execute(request, context_usage, context_modifier, False, conversation_id)[0]
 
     def execute_with_renderings(
         self,
@@ -266,13 +310,69 @@ class ToolExecutor:
         *,
         context_usage: float = 0.0,
         context_modifier: Any = None,
+        conversation_id: Optional[str] = None,
     ) -> tuple[ToolExecutionResult, list[LevelRendering]]:
         """execute(), plus the same data rendered at BRIEF, STANDARD and FULL with
         their token counts (for the dashboard's level comparison). No second
         artifact is written: FULL refers to the call's artifact when it has one.
         A failed call has no renderings; a cache hit only its own level's."""
-        result, renderings = self._execute(request, context_usage, context_modifier, True)
+        result, renderings = self._execute(request, context_usage, context_modifier, True, conversation_id)
         return result, list(renderings)
+
+    async def aexecute(
+        self,
+        request: ToolInvocationRequest,
+        *,
+        context_usage: float = 0.0,
+        context_modifier: Any = None,
+        conversation_id: Optional[str] = None,
+    ) -> ToolExecutionResult:
+        """execute() for an asyncio agent. An ``async def`` tool is awaited on the
+        running loop (so it may use the loop's clients), with the call's timeout
+        and the retry policy; a ``def`` tool runs in a thread, so the loop never
+        blocks on it."""
+        if not isinstance(request, ToolInvocationRequest):
+            raise TypeError("aexecute() takes a ToolInvocationRequest")
+        spec = self._tools.get(request.tool_name)
+        if spec is None or not spec.is_async:
+            return await asyncio.get_running_loop().run_in_executor(
+                None,
+                functools.partial(
+                    self.execute,
+                    request,
+                    context_usage=context_usage,
+                    context_modifier=context_modifier,
+                    conversation_id=conversation_id,
+                ),
+            )
+        started = self._clock()
+        try:
+            prepared = self._prepare(request, context_usage, context_modifier, False, bool(self.on_result))
+            if isinstance(prepared, _Call):
+                outcome = await self._adrive(prepared)
+                result, renderings = self._finish(prepared, outcome, False, bool(self.on_result), conversation_id)
+            else:
+                result, renderings = prepared
+        except Exception as exc:
+            logger.exception("tool executor failed on %s", request.tool_call_id)
+            result, renderings = self._internal_error(request, exc), []
+        return self._done(request, result, renderings, started)
+
+    def end_conversation(self, conversation_id: Optional[str] = None) -> int:
+        """The conversation ended (v2.1 "会话结束清理"): remove the artifacts it
+        stored, in this executor's store and the stores of its requests'
+        storage_dirs; returns how many were removed."""
+        conversation_id = conversation_id or self.conversation_id
+        if not conversation_id:
+            raise ConfigError("conversation_id", "which conversation ended?")
+        stores = {id(self.artifact_store): self.artifact_store} if self.artifact_store is not None else {}
+        stores.update(self._stores_used)
+        removed = 0
+        for store in stores.values():
+            cleanup = getattr(store, "cleanup_conversation", None)
+            if callable(cleanup):
+                removed += int(cleanup(conversation_id))
+        return removed
 
     def _execute(
         self,
@@ -280,37 +380,58 @@ class ToolExecutor:
         context_usage: float,
         context_modifier: Any,
         want_renderings: bool,
+        conversation_id: Optional[str] = None,
     ) -> tuple[ToolExecutionResult, Sequence[LevelRendering]]:
         if not isinstance(request, ToolInvocationRequest):
             raise TypeError("execute() takes a ToolInvocationRequest")
         started = self._clock()
-        renderings: Sequence[LevelRendering] = []
-        callbacks = self.on_result
+        lazy = bool(self.on_result)
+        call_started()  # exporter threads defer to this call while it is short
         try:
-            result, renderings = self._run(request, context_usage, context_modifier, want_renderings, bool(callbacks))
-        except Exception as exc:  # a bug of ours must not reach the agent loop either
-            logger.exception("tool executor failed on %s", request.tool_call_id)
-            result = self._error(
-                request, ToolErrorType.INTERNAL_ERROR, f"Tool executor error: {describe_exception(exc)}"
-            )
+            try:
+                prepared = self._prepare(request, context_usage, context_modifier, want_renderings, lazy)
+                if isinstance(prepared, _Call):
+                    outcome = self._drive(prepared)
+                    result, renderings = self._finish(prepared, outcome, want_renderings, lazy, conversation_id)
+                else:
+                    result, renderings = prepared
+            except Exception as exc:  # a bug of ours must not reach the agent loop either
+                logger.exception("tool executor failed on %s", request.tool_call_id)
+                result, renderings = self._internal_error(request, exc), []
+            return self._done(request, result, renderings, started), renderings
+        finally:
+            call_ended()
+
+    def _done(
+        self,
+        request: ToolInvocationRequest,
+        result: ToolExecutionResult,
+        renderings: Sequence[LevelRendering],
+        started: float,
+    ) -> ToolExecutionResult:
         result.duration_ms = max(0.0, (self._clock() - started) * 1000.0)
-        for callback in callbacks:
+        for callback in self.on_result:
             try:
                 callback(request, result, renderings)
             except Exception:
                 logger.exception("on_result callback %r failed", callback)
-        return result, renderings
+        return result
 
-    def _run(
+    def _internal_error(self, request: ToolInvocationRequest, exc: BaseException) -> ToolExecutionResult:
+        return self._error(
+            request, ToolErrorType.INTERNAL_ERROR, f"Tool executor error: {describe_exception(exc)}"
+        )
+
+    def _prepare(
         self,
         request: ToolInvocationRequest,
         context_usage: float,
         context_modifier: Any,
         want_renderings: bool,
-        lazy_renderings: bool = False,
-    ) -> tuple[ToolExecutionResult, Sequence[LevelRendering]]:
-        """Run the call; renderings eagerly when ``want_renderings``, as a
-        LazyRenderings when only ``lazy_renderings`` (callbacks), else none."""
+        lazy_renderings: bool,
+    ) -> Union["_Call", tuple[ToolExecutionResult, Sequence[LevelRendering]]]:
+        """Everything before the tool runs: permission, lookup, level, storage, cache.
+        Returns the call to make, or the answer when no tool needs to run."""
         name = request.tool_name
         if not _allowed(name, context_modifier):
             return self._error(
@@ -325,6 +446,17 @@ class ToolExecutor:
                 request, ToolErrorType.NOT_FOUND, f"Unknown tool '{name}'. Available tools: {known}"
             ), []
 
+        store = self.artifact_store
+        if request.storage_dir is not None:
+            try:  # checked before the tool runs: its output would have nowhere to go
+                store = resolve_storage(request.storage_dir)
+            except Exception as exc:
+                return self._error(
+                    request,
+                    ToolErrorType.INVALID_PARAMETERS,
+                    f"storage_dir cannot hold artifacts: {describe_exception(exc)}",
+                ), []
+            self._stores_used.setdefault(id(store), store)
         level = resolve_output_level(
             request.output_level,
             self.tool_levels.get(name, spec.default_level),
@@ -341,15 +473,32 @@ class ToolExecutor:
                 if want_renderings:
                     return hit, own()
                 return hit, LazyRenderings(own) if lazy_renderings else []
+        return _Call(request, spec, level, policy, key, store)
 
-        outcome = self._call_with_retries(request, spec)
+    def _finish(
+        self,
+        call: "_Call",
+        outcome: Union[ToolExecutionResult, tuple[Payload, int, Optional[str]]],
+        want_renderings: bool,
+        lazy_renderings: bool,
+        conversation_id: Optional[str],
+    ) -> tuple[ToolExecutionResult, Sequence[LevelRendering]]:
+        """Everything after the tool ran: the result (artifact when large or FULL),
+        its token count, the renderings, the cache. Renderings eagerly when
+        ``want_renderings``, as a LazyRenderings when only ``lazy_renderings``
+        (callbacks), else none."""
+        request, level = call.request, call.level
         if isinstance(outcome, ToolExecutionResult):
             outcome.observation_tokens = self._count(outcome.observation, outcome.warnings)
             return outcome, []
         payload, retries, last_error = outcome
 
         result = ToolExecutionResult.from_payload(
-            request.tool_call_id, payload, level, self.artifact_store
+            request.tool_call_id,
+            payload,
+            level,
+            call.store,
+            conversation_id=conversation_id or self.conversation_id,
         )
         result.retry_count = retries
         result.last_error = last_error
@@ -363,32 +512,34 @@ class ToolExecutor:
                 # Read later, maybe on another thread: their warnings must not touch
                 # the result the agent already holds.
                 renderings = LazyRenderings(functools.partial(self._renderings, payload, result, []))
-        if key is not None:
+        if call.key is not None:
             try:
-                self.idempotency_cache.remember(key, result, policy)
+                self.idempotency_cache.remember(call.key, result, call.policy)
             except Exception as exc:
                 logger.warning("idempotency cache failed for %s: %s", request.tool_call_id, exc)
                 result.warnings.append(f"cache_failed: {type(exc).__name__}")
         return result, renderings
 
-    def _call_with_retries(
+    def _attempts(
         self, request: ToolInvocationRequest, spec: ToolSpec
-    ) -> Union[ToolExecutionResult, tuple[Payload, int, Optional[str]]]:
-        """Run the tool until it succeeds or the policy gives up; return the encoded
-        data with the retry count and last error, or the error result."""
+    ) -> Iterator[tuple[bool, float]]:
+        """The retry loop, written once for both drivers (``_drive``, ``_adrive``):
+        a generator that yields ``(True, timeout_ms)`` to have the tool run (the
+        driver sends its value or throws its exception in) and ``(False, delay_s)``
+        to have the driver wait; it returns the encoded data with the retry count and
+        last error, or the error result."""
         base_timeout = (
             spec.timeout_ms
             if spec.timeout_ms is not None and "timeout_ms" not in request.model_fields_set
             else request.timeout_ms
         )
-        call = functools.partial(spec.func, **request.parameters)
         policy = self.retry_policy
         attempt = 0
         last_error: Optional[str] = None
         while True:
             timeout = base_timeout if attempt == 0 else policy.get_retry_timeout(base_timeout, attempt)
             try:
-                raw = self.timeout_handler.execute_with_timeout(call, request.tool_call_id, timeout)
+                raw = yield True, timeout
             except Exception as exc:
                 error = ToolErrorResponse.from_exception(request.tool_call_id, exc)
                 if isinstance(exc, ToolTimeoutError):
@@ -400,10 +551,67 @@ class ToolExecutor:
                 if not retry:
                     return error.to_result(retry_count=attempt, last_error=last_error)
                 logger.info("retrying %s after %s", request.tool_call_id, last_error)
-                self._sleep(policy.get_delay(attempt) / 1000.0)
+                yield False, policy.get_delay(attempt) / 1000.0
                 attempt += 1
             else:
                 return Payload.of(raw), attempt, last_error
+
+    def _drive(self, call: "_Call") -> Any:
+        """Run the retry loop on this thread, each attempt on a worker with its timeout."""
+        request, spec = call.request, call.spec
+        tool_call_id = request.tool_call_id
+        if spec.is_async:
+            run = functools.partial(_call_async_tool, spec.func, request.parameters)
+        else:
+            run = None
+            invoke = functools.partial(spec.func, **request.parameters)
+        run_with_timeout = self.timeout_handler.execute_with_timeout
+        steps = self._attempts(request, spec)
+        try:
+            run_now, timeout = next(steps)
+            while True:
+                if not run_now:
+                    self._sleep(timeout)  # the backoff delay, in seconds
+                    run_now, timeout = steps.send(None)
+                    continue
+                try:
+                    if run is None:
+                        value = run_with_timeout(invoke, tool_call_id, timeout)
+                        if inspect.isawaitable(value):  # a def that returned a coroutine
+                            value = run_with_timeout(
+                                functools.partial(_run_to_completion, value, timeout), tool_call_id, timeout
+                            )
+                    else:
+                        value = run_with_timeout(functools.partial(run, timeout), tool_call_id, timeout)
+                except Exception as exc:
+                    run_now, timeout = steps.throw(exc)
+                else:
+                    run_now, timeout = steps.send(value)
+        except StopIteration as stop:
+            return stop.value
+
+    async def _adrive(self, call: "_Call") -> Any:
+        """The retry loop on the running event loop, for an ``async def`` tool."""
+        request, spec = call.request, call.spec
+        steps = self._attempts(request, spec)
+        try:
+            run_now, timeout = next(steps)
+            while True:
+                if not run_now:
+                    await asyncio.sleep(timeout)  # the backoff delay, in seconds
+                    run_now, timeout = steps.send(None)
+                    continue
+                try:
+                    try:
+                        value = await asyncio.wait_for(spec.func(**request.parameters), timeout / 1000.0)
+                    except asyncio.TimeoutError:
+                        raise ToolTimeoutError(f"Tool timed out after {timeout:g}ms") from None
+                except Exception as exc:
+                    run_now, timeout = steps.throw(exc)
+                else:
+                    run_now, timeout = steps.send(value)
+        except StopIteration as stop:
+            return stop.value
 
     # ------------------------------------------------------------------ helpers
 
@@ -468,6 +676,18 @@ class ToolExecutor:
         return result
 
 
+@dataclass(frozen=True)
+class _Call:
+    """A call ready to run: what _prepare found and _finish needs."""
+
+    request: ToolInvocationRequest
+    spec: ToolSpec
+    level: OutputLevel
+    policy: ToolCachePolicy
+    key: Optional[str]
+    store: Any
+
+
 def _own_rendering(level: OutputLevel, observation: str, tokens: int) -> list[LevelRendering]:
     return [LevelRendering(level=level, observation=observation, tokens=tokens)]
 
@@ -513,3 +733,8 @@ def render_levels(
             LevelRendering(level=level, observation=text, tokens=int(counter.count_tokens(text, model)))
         )
     return renderings
+
+
+#: The seeds' name (v2.1 roadmap "PipelineToolWrapper（LangChain 集成）", no signature
+#: given): the executor is that wrapper.
+PipelineToolWrapper = ToolExecutor

@@ -238,7 +238,12 @@ def _format_brief(data: Any) -> str:
     return _cut(_scalar_text(data), BRIEF_LIMIT)
 
 
-def _format_standard(data: Any) -> str:
+#: Data whose whole JSON is at most this long is small enough to encode each preview
+#: item completely with the C encoder; bigger data is encoded lazily, up to the cut.
+_EAGER_PREVIEW_CHARS = 64 * 1024
+
+
+def _format_standard(data: Any, small: bool = False) -> str:
     if isinstance(data, list):
         if not data:
             return "Found 0 items"
@@ -246,7 +251,12 @@ def _format_standard(data: Any) -> str:
         for item in data[:PREVIEW_ITEMS]:
             text = item if isinstance(item, str) else None
             if text is None:
-                text, cut = _json_prefix(item, PREVIEW_ITEM_LIMIT)
+                if small:
+                    text = to_json(item)
+                    cut = len(text) > PREVIEW_ITEM_LIMIT
+                    text = text[:PREVIEW_ITEM_LIMIT] if cut else text
+                else:
+                    text, cut = _json_prefix(item, PREVIEW_ITEM_LIMIT)
                 text = text + TRUNCATION_MARKER if cut else text
             else:
                 text = _cut(text, PREVIEW_ITEM_LIMIT)
@@ -284,7 +294,7 @@ def _render(
     if level is OutputLevel.BRIEF:
         return _format_brief(data)
     if level is OutputLevel.STANDARD:
-        return _format_standard(data)
+        return _format_standard(data, full_json is not None and len(full_json) <= _EAGER_PREVIEW_CHARS)
     if isinstance(data, str):
         return data
     return full_json if full_json is not None else to_json(data)

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ._artifacts import ARTIFACT_ID_RE
+from ._artifacts import ARTIFACT_ID_RE, THRESHOLD_BYTES, artifact_data_file
 from ._bounds import MAX_BYTES, MAX_COUNT, MAX_DURATION_MS, MAX_RETRIES
-from ._levels import OutputLevel, _render, canonical_json, summarize_data, to_json
+from ._levels import (
+    OutputLevel,
+    _render,
+    canonical_json,
+    resolve_output_level,
+    summarize_data,
+    to_json,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from langchain_core.messages import ToolMessage
@@ -50,8 +58,29 @@ class ToolInvocationRequest(BaseModel):
     retry_on_timeout: bool = True
     caller_id: str = "agent"
     permission_level: str = "default"
+    # Where large or FULL data goes (an artifact store on that directory); the
+    # executor's own store when None.
+    storage_dir: Optional[str] = Field(default=None, min_length=1, max_length=4096)
     idempotency_key: Optional[str] = None
     cache_policy: ToolCachePolicy = ToolCachePolicy.NO_CACHE
+
+    @field_validator("storage_dir", mode="before")
+    @classmethod
+    def _path_as_text(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    def get_effective_output_level(
+        self,
+        tool_config_default: Optional[OutputLevel] = None,
+        global_default: OutputLevel = OutputLevel.STANDARD,
+        context_window_usage: float = 0.0,
+    ) -> OutputLevel:
+        """The level this call is rendered at (seeds v2.0): the request's own level >
+        the tool's configured default > BRIEF when the context is over 80 % full >
+        ``global_default``. The executor decides the same way."""
+        return resolve_output_level(
+            self.output_level, tool_config_default, context_window_usage, global_default
+        )
 
     @classmethod
     def from_tool_call(cls, tool_call: Mapping[str, Any], **fields: Any) -> "ToolInvocationRequest":
@@ -119,12 +148,6 @@ class Payload:
         return hashlib.sha256(self.body).hexdigest()
 
 
-def _artifact_threshold() -> int:
-    from ._artifacts import THRESHOLD_BYTES  # the store's module owns the threshold
-
-    return THRESHOLD_BYTES
-
-
 class ToolExecutionResult(BaseModel):
     """The one result model of a tool execution (seeds v2.0.1+).
 
@@ -157,6 +180,12 @@ class ToolExecutionResult(BaseModel):
     # What degraded without failing the call (artifact store or token counter down).
     warnings: list[str] = Field(default_factory=list, max_length=20)
 
+    @property
+    def _data_file(self) -> Optional[str]:
+        """The seeds' private real path of the stored data: never serialised, never
+        shown to the model (a property, so it costs a result nothing until read)."""
+        return artifact_data_file(self.artifact_id) if self.artifact_id else None
+
     # ------------------------------------------------------------------ building
 
     @classmethod
@@ -165,19 +194,39 @@ class ToolExecutionResult(BaseModel):
         tool_call_id: str,
         raw_data: Any,
         output_level: OutputLevel = OutputLevel.STANDARD,
-        storage: Any = None,
+        storage_dir: Any = None,
         *,
+        storage: Any = None,
         force_artifact: bool = False,
+        conversation_id: Optional[str] = None,
     ) -> "ToolExecutionResult":
         """A successful result with the observation rendered at ``output_level``.
 
-        With a ``storage`` (an ArtifactStore), data of THRESHOLD_BYTES or more, FULL
-        level, or ``force_artifact`` goes to the store and the observation carries
-        only the artifact id and a summary. A failing store degrades to an inline
-        observation and a warning; it never fails the call.
+        ``storage_dir`` (the seeds' name) is a directory path (str or Path: the
+        process's ArtifactStore on it) or an ArtifactStore; ``storage=`` is the
+        library's earlier keyword for the same. A path that cannot hold a store
+        raises ArtifactError here, and anything else raises TypeError, instead of
+        the data silently staying inline. With a store, data of THRESHOLD_BYTES or
+        more, FULL level, or ``force_artifact`` goes to the store and the
+        observation carries only the artifact id and a summary. ``conversation_id``
+        ties the artifact to a conversation, for cleanup when it ends.
+
+        A store that fails while writing (disk full, size limit) degrades to an
+        inline observation and a warning, never a failed call; data of the
+        threshold or more is then shown at STANDARD, never inline in full.
         """
+        from ._artifacts import resolve_storage
+
+        if storage is not None and storage_dir is not None:
+            raise TypeError("give storage_dir or storage, not both")
+        store = resolve_storage(storage_dir if storage is None else storage)
         return cls.from_payload(
-            tool_call_id, Payload.of(raw_data), OutputLevel(output_level), storage, force_artifact
+            tool_call_id,
+            Payload.of(raw_data),
+            OutputLevel(output_level),
+            store,
+            force_artifact,
+            conversation_id,
         )
 
     @classmethod
@@ -188,29 +237,35 @@ class ToolExecutionResult(BaseModel):
         output_level: OutputLevel,
         storage: Any = None,
         force_artifact: bool = False,
+        conversation_id: Optional[str] = None,
     ) -> "ToolExecutionResult":
-        """from_raw_data for data already encoded (the executor encodes once)."""
+        """from_raw_data for data already encoded (the executor encodes once) and a
+        store already resolved."""
         artifact_id: Optional[str] = None
         summary: Optional[str] = None
         warnings: list[str] = []
-        if storage is not None and (
-            force_artifact
-            or output_level is OutputLevel.FULL
-            or payload.size_bytes >= _artifact_threshold()
-        ):
+        level = output_level
+        large = payload.size_bytes >= THRESHOLD_BYTES
+        if storage is not None and (force_artifact or output_level is OutputLevel.FULL or large):
             try:
+                extra = {} if conversation_id is None else {"conversation_id": conversation_id}
                 info = storage.store(
-                    payload.body, content_type=payload.content_type, tool_call_id=tool_call_id
+                    payload.body,
+                    content_type=payload.content_type,
+                    tool_call_id=tool_call_id,
+                    **extra,
                 )
                 artifact_id = info.artifact_id
             except Exception as exc:  # the store is an edge: degrade, keep the data inline
                 logger.warning("artifact store failed for %s: %s", tool_call_id, exc)
                 warnings.append(f"artifact_store_failed: {type(exc).__name__}: {str(exc)[:200]}")
+                if large and level is OutputLevel.FULL:
+                    level = OutputLevel.STANDARD  # a preview, never megabytes inline
             summary = summarize_data(payload.raw)
         if artifact_id is not None:
             observation = _render(payload.raw, OutputLevel.FULL, artifact_id, summary, None)
         else:
-            observation = _render(payload.raw, output_level, None, None, payload.full_json)
+            observation = _render(payload.raw, level, None, None, payload.full_json)
         return cls(
             tool_call_id=tool_call_id,
             observation=observation,
@@ -221,6 +276,22 @@ class ToolExecutionResult(BaseModel):
             data_summary=summary,
             success=True,
             warnings=warnings,
+        )
+
+    def create_retry(self, new_timeout_ms: int) -> "ToolExecutionResult":
+        """The seeds' (v2.0) record of a retry about to run after this failure:
+        retry_count + 1, this error as ``last_error``, error_type "RETRY".
+        ``new_timeout_ms`` is the retry's timeout (the executor grows it per
+        ToolRetryPolicy.get_retry_timeout); it is not stored, as in the seeds."""
+        return ToolExecutionResult(
+            tool_call_id=self.tool_call_id,
+            observation=f"Retry {self.retry_count + 1} after: {self.last_error or self.error_message}",
+            output_level=self.output_level,
+            retry_count=min(self.retry_count + 1, MAX_RETRIES),
+            last_error=self.error_message,
+            success=False,
+            error_type="RETRY",
+            error_message=f"Retrying after {self.retry_count + 1} failures",
         )
 
     # ------------------------------------------------------------------ carriers

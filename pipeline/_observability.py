@@ -984,19 +984,28 @@ def hook_executor(executor: Any, **hook_options: Any) -> ToolResultHook:
     if not isinstance(callbacks, list):
         raise TypeError("executor has no on_result callback list")
     store = getattr(executor, "artifact_store", None)
-    if "read_artifact" not in hook_options and store is not None and hasattr(store, "retrieve") and hasattr(store, "info"):
-        hook_options["read_artifact"] = _store_reader(store)
+    if "read_artifact" not in hook_options:
+        usable = store is not None and hasattr(store, "retrieve") and hasattr(store, "info")
+        # Also the stores of requests' storage_dir (the process's open stores).
+        hook_options["read_artifact"] = _store_reader(store if usable else None)
     hook = ToolResultHook(**hook_options)
     callbacks.append(hook)
     return hook
 
 
 def _store_reader(store: Any) -> Callable[[str], Optional[tuple[bytes, str]]]:
+    from ._artifacts import stores_holding
+
     def read(artifact_id: str) -> Optional[tuple[bytes, str]]:
-        try:
-            return store.retrieve(artifact_id), store.info(artifact_id).content_type
-        except Exception:  # gone already (cleanup) or unreadable: the record still goes
-            logger.warning("artifact %s could not be read for upload", artifact_id)
-            return None
+        candidates = ([store] if store is not None else []) + [
+            s for s in stores_holding(artifact_id) if s is not store
+        ]
+        for candidate in candidates:
+            try:
+                return candidate.retrieve(artifact_id), candidate.info(artifact_id).content_type
+            except Exception:  # gone already (cleanup) or unreadable here: try the next
+                continue
+        logger.warning("artifact %s could not be read for upload", artifact_id)
+        return None
 
     return read

@@ -29,7 +29,12 @@ _KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # SpanFlags
 
 
+_ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))  # varints below 128: most tags and lengths
+
+
 def _varint(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
     if value < 0:
         value += 1 << 64  # int64 as two's complement
     out = bytearray()
@@ -69,8 +74,16 @@ def _any_value(value: Any) -> bytes:
     raise TypeError(f"cannot encode an attribute of type {type(value).__name__}")
 
 
+_KEYS: dict[str, bytes] = {}  # attribute key -> its encoded field: spans repeat the same keys
+
+
 def _key_value(key: str, value: Any) -> bytes:
-    return _field(1, key.encode("utf-8")) + _field(2, _any_value(value))
+    encoded = _KEYS.get(key)
+    if encoded is None:
+        if len(_KEYS) >= 4096:  # keys made of data would grow it without end
+            _KEYS.clear()
+        encoded = _KEYS[key] = _field(1, key.encode("utf-8"))
+    return encoded + _field(2, _any_value(value))
 
 
 def _attributes(field: int, attributes: Optional[Mapping[str, Any]]) -> bytes:

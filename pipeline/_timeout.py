@@ -13,6 +13,7 @@ call costs a hand-off between two threads, not a thread start.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import queue
 import threading
@@ -84,6 +85,19 @@ class _Worker:
                 return
 
 
+class _OnDefaultHandler:
+    """A method that, called on the class (the seeds' ``@staticmethod`` form,
+    ``ToolTimeoutHandler.execute_with_timeout(func=..., ...)``), runs on the
+    process-wide handler, and on an instance runs on that instance."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self._func = func
+        functools.update_wrapper(self, func)  # type: ignore[arg-type]
+
+    def __get__(self, obj: Any, owner: Any = None) -> Callable[..., Any]:
+        return self._func.__get__(obj if obj is not None else get_timeout_handler(), owner)
+
+
 class ToolTimeoutHandler:
     """Runs a callable with a timeout on a bounded, reused set of worker threads."""
 
@@ -123,10 +137,13 @@ class ToolTimeoutHandler:
 
     # ------------------------------------------------------------------ running
 
+    @_OnDefaultHandler
     def execute_with_timeout(
-        self, func: Callable[[], Any], tool_call_id: str, timeout_ms: float
+        self, func: Callable[[], Any], tool_call_id: str, timeout_ms: float = 30_000
     ) -> Any:
-        """Return ``func()``, or raise ToolTimeoutError after ``timeout_ms``.
+        """Return ``func()``, or raise ToolTimeoutError (alias TimeoutException, a
+        TimeoutError) after ``timeout_ms``. Callable on the class as the seeds
+        write it (then on the process-wide handler) or on an instance.
 
         Exceptions raised by ``func`` propagate as themselves. On timeout the worker
         thread is abandoned (it cannot be killed): it runs on until the tool
@@ -209,6 +226,17 @@ class ToolTimeoutHandler:
         return False
 
     # ------------------------------------------------------------------ results
+
+    @staticmethod
+    def validate_input_size(parameters: Any, max_size_mb: float = 10) -> bool:
+        """Whether a call's parameters are at most ``max_size_mb`` MiB (seeds v2.0).
+
+        Measured as their JSON encoding: the seeds' ``sys.getsizeof`` counts only
+        the outer dict, so 1 GB of text under one key passed."""
+        from ._levels import to_json
+
+        size = len(to_json(parameters).encode("utf-8", "surrogatepass"))
+        return size <= max_size_mb * 1024 * 1024
 
     @staticmethod
     def create_timeout_result(

@@ -46,10 +46,42 @@ TOOL_PROTOCOL_API = {
     "get_timeout_handler",
     # _executor
     "LazyRenderings",
+    "PipelineToolWrapper",
     "ToolExecutor",
     "ToolSpec",
     "pipeline_tool",
     "render_levels",
+}
+
+# Artifacts, caches, the design's storage helpers and thread-safety helpers.
+STORAGE_MODULES = {
+    "pipeline._artifacts",
+    "pipeline._cache",
+    "pipeline._storage",
+    "pipeline._threadsafe",
+}
+
+STORAGE_API = {
+    # _artifacts
+    "ARTIFACT_ID_PATTERN",
+    "ARTIFACT_ID_RE",
+    "THRESHOLD_BYTES",
+    "ArtifactInfo",
+    "ArtifactStore",
+    "open_store",
+    "validate_artifact_id",
+    # _cache
+    "CacheStats",
+    "IdempotencyCache",
+    "SummaryCache",
+    "TTLCache",
+    "get_idempotency_cache",
+    # _storage
+    "DataFileManager",
+    "DataStorage",
+    # _threadsafe
+    "ThreadSafeContainer",
+    "ThreadSafeMixin",
 }
 
 REPO = Path(pipeline.__file__).resolve().parent.parent
@@ -62,6 +94,23 @@ def test_it_exports_exactly_the_tool_protocol_api():
         if getattr(getattr(pipeline, name), "__module__", None) in TOOL_PROTOCOL_MODULES
     }
     assert exported == TOOL_PROTOCOL_API
+
+
+def test_it_exports_exactly_the_storage_and_cache_api():
+    functions_and_classes = {
+        name
+        for name in pipeline.__all__
+        if getattr(getattr(pipeline, name), "__module__", None) in STORAGE_MODULES
+    }
+    constants = {"ARTIFACT_ID_PATTERN", "ARTIFACT_ID_RE", "THRESHOLD_BYTES"}
+    assert functions_and_classes | constants == STORAGE_API
+    for name in STORAGE_API:
+        assert pipeline.__all__.count(name) == 1, name
+
+
+def test_it_exports_the_design_documents_exception_name():
+    assert pipeline.TimeoutException is pipeline.ToolTimeoutError
+    assert pipeline.__all__.count("TimeoutException") == 1
 
 
 def test_it_lists_each_tool_protocol_name_once_and_every_name_resolves():
