@@ -149,7 +149,7 @@ __all__ += [
     "get_token_counter",
     "validate_artifact_id",
 ]
-# The design documents' own names for the tool side (docs/design-conformance-tools.md).
+# The design documents' own names for the tool side (docs/design-conformance.md).
 from ._artifacts import open_store
 from ._cache import get_idempotency_cache
 from ._exceptions import TimeoutException
@@ -205,7 +205,7 @@ __all__ += [
 from ._injection import LockManager, MessageInjectionProtocol
 
 __all__ += ["LockManager", "MessageInjectionProtocol"]
-# --- context: the design documents' forms (docs/design-conformance-context.md) ---
+# --- context: the design documents' forms (docs/design-conformance.md) ---
 from ._compression import ThreadSafeContextManager, as_summarizer
 from ._context_state import CompressedMessages, MessageImportance, MessageWrapper
 from ._conversation import ConversationRound, MultiRoundConversation

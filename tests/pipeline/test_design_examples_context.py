@@ -1,7 +1,7 @@
 """Every context-side form the design documents show, called as they write it:
 token counting, context compression and its managers, the conversation model,
 skills and message injection (v2.1 first; v2.0 where v2.1 did not rename or drop it).
-docs/design-conformance-context.md lists each one.
+docs/design-conformance.md lists each one.
 
 The LLM is the only fake here (``FakeListChatModel``, named so in each test); the
 token counter, the compression, the skills folder and the LangGraph graph with its

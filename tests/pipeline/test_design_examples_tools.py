@@ -1,6 +1,6 @@
 """Every tool-side form the design documents show, called as they write it (v2.1
 first, v2.0 where v2.1 did not rename or delete it), asserting the documented
-outputs. docs/design-conformance-tools.md lists each one.
+outputs. docs/design-conformance.md lists each one.
 
 Each documented call is one snippet in ``tests/pipeline/design_examples_tools.py``
 (``DOCUMENTED``), run as written in a fresh namespace (``tmp`` is a fresh directory);

@@ -1,5 +1,5 @@
 """Every observability and metrics form the design documents show, called as they
-write it (v2.1 first, v2.0 for detail). docs/design-conformance-observability.md
+write it (v2.1 first, v2.0 for detail). docs/design-conformance.md
 lists each one; this runs them, in a subprocess because the design's functions are
 process-wide, against a real OTLP receiver on 127.0.0.1."""
 
