@@ -27,7 +27,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
@@ -117,12 +117,13 @@ class SpanRow:
 
 
 @dataclass(slots=True)
-class DecodedBatch:
-    """The spans of one export request that are kept, and what was rejected."""
+class Rejections:
+    """What an export request had rejected, item by item: the count and the first
+    few distinct reasons, for ``partial_success``."""
 
-    spans: list[SpanRow] = field(default_factory=list)
     rejected: int = 0
     reasons: list[str] = field(default_factory=list)
+    item_name: ClassVar[str] = "item(s)"
 
     def reject(self, reason: str) -> None:
         self.rejected += 1
@@ -134,7 +135,15 @@ class DecodedBatch:
         """The ``partial_success.error_message``: the distinct reasons, briefly."""
         if not self.rejected:
             return ""
-        return f"{self.rejected} span(s) rejected: " + "; ".join(self.reasons)
+        return f"{self.rejected} {self.item_name} rejected: " + "; ".join(self.reasons)
+
+
+@dataclass(slots=True)
+class DecodedBatch(Rejections):
+    """The spans of one export request that are kept, and what was rejected."""
+
+    spans: list[SpanRow] = field(default_factory=list)
+    item_name: ClassVar[str] = "span(s)"
 
 
 def decode_request(body: bytes, content_type: str) -> DecodedBatch:

@@ -14,7 +14,7 @@ Trace and span ids are optional on a log record (all zeros or empty = none).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -28,6 +28,7 @@ from .otlp import (
     JSON,
     PROTOBUF,
     OtlpDecodeError,
+    Rejections,
     _HEX,
     _add_scope,
     _Bounded,
@@ -46,7 +47,6 @@ from .otlp import (
 MAX_LOGS = 20_000  # per request, as spans
 MAX_BODY_CHARS = 64 * 1024  # one record's body, all its strings together
 MAX_SEVERITY_TEXT = 32
-_MAX_REJECT_REASONS = 5
 _YIELD_EVERY = 64
 _SEVERITY_NUMBERS = {f"SEVERITY_NUMBER_{name}": number for number, name in enumerate(
     ["UNSPECIFIED", "TRACE", "TRACE2", "TRACE3", "TRACE4", "DEBUG", "DEBUG2", "DEBUG3", "DEBUG4",
@@ -82,21 +82,11 @@ class LogRow:
 
 
 @dataclass(slots=True)
-class DecodedLogs:
+class DecodedLogs(Rejections):
+    """The log records of one export request that are kept, and what was rejected."""
+
     logs: list[LogRow] = field(default_factory=list)
-    rejected: int = 0
-    reasons: list[str] = field(default_factory=list)
-
-    def reject(self, reason: str) -> None:
-        self.rejected += 1
-        if len(self.reasons) < _MAX_REJECT_REASONS and reason not in self.reasons:
-            self.reasons.append(reason)
-
-    @property
-    def error_message(self) -> str:
-        if not self.rejected:
-            return ""
-        return f"{self.rejected} log record(s) rejected: " + "; ".join(self.reasons)
+    item_name: ClassVar[str] = "log record(s)"
 
 
 def decode_logs_request(body: bytes, content_type: str) -> DecodedLogs:
