@@ -372,8 +372,9 @@ def body_text(response: http.client.HTTPResponse) -> str:
 
 def count_rows(env: dict[str, str]) -> tuple[int, int]:
     code = (
-        "from dashboard.observatory.models import Span, ToolExecution\n"
-        "print(Span.objects.count(), ToolExecution.objects.count())\n"
+        "from dashboard.observatory.models import Source, Span, ToolExecution\n"
+        # the records sent, not the tool executions derived from the GenAI spans
+        "print(Span.objects.count(), ToolExecution.objects.filter(source=Source.RECORD).count())\n"
     )
     spans, records = manage(env, "shell", "-c", code).strip().splitlines()[-1].split()
     return int(spans), int(records)

@@ -25,12 +25,13 @@ from django.db import transaction
 from django.utils import timezone as dj_timezone
 
 from dashboard.accounts.models import Project
+from dashboard.observatory.conventions import text_of
 from dashboard.observatory.models import LogRecord, Span
 from dashboard.observatory.services import conversations_get_or_create, insert_ignoring_conflicts
 from dashboard.priority import yield_to_pages
 
 from .otlp_logs import LogRow
-from .spans import _CONVERSATION_KEY_MAX, _LOOKUP_CHUNK, CONVERSATION_KEYS, _as_text, _attribute, _aware
+from .spans import _CONVERSATION_KEY_MAX, _LOOKUP_CHUNK, _aware
 
 _EVENT_NAME_MAX = LogRecord._meta.get_field("event_name").max_length
 _SERVICE_MAX = LogRecord._meta.get_field("service_name").max_length
@@ -61,7 +62,8 @@ def logs_store(*, project: Project, logs: Sequence[LogRow]) -> StoredLogs:
     """Store one decoded batch for ``project`` in one transaction."""
     if not logs:
         return StoredLogs(0, 0, 0)
-    keys = [_as_text(_attribute(log, CONVERSATION_KEYS), _CONVERSATION_KEY_MAX) for log in logs]
+    # The conversation a log names itself, by the same conventions table as spans.
+    keys = [text_of("conversation", log.attributes, log.resource)[:_CONVERSATION_KEY_MAX] for log in logs]
     received_at = dj_timezone.now()
     rows = [
         {

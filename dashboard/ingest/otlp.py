@@ -12,10 +12,10 @@ The rules of the contract live here:
 
 - a body that cannot be read at all (truncated protobuf, invalid JSON or UTF-8,
   nesting too deep, wrong shapes) raises ``OtlpDecodeError`` -> 400;
-- a span that is wrong on its own (bad or all-zero ids, no name) is rejected and
-  counted, the others are kept -> ``partial_success``;
+- a span that is wrong on its own (bad or all-zero ids) is rejected and counted,
+  the others are kept -> ``partial_success``; an empty name is kept (OTLP: unknown);
 - attribute values are bounded (``MAX_VALUE_CHARS`` per value, ``MAX_ATTRIBUTES``
-  per span, ``MAX_SPAN_CHARS`` per span, ``MAX_EVENTS``), so a 10 MB attribute cannot
+  per span, ``MAX_SPAN_CHARS`` per span, ``MAX_EVENTS``, ``MAX_LINKS``), so a 10 MB attribute cannot
   bloat the database; a span that lost data says so in ``SpanRow.truncated``.
 """
 
@@ -47,6 +47,7 @@ CONTENT_TYPES = (PROTOBUF, JSON)
 MAX_SPANS = 20_000  # per request; SDKs send 512, collectors 8,192 by default
 MAX_ATTRIBUTES = 256  # per span, per resource, per event
 MAX_EVENTS = 128  # per span
+MAX_LINKS = 128  # per span
 MAX_VALUE_CHARS = 16 * 1024  # one attribute value, all its strings together
 MAX_SPAN_CHARS = 256 * 1024  # all attribute and event values of one span
 MAX_KEY_CHARS = 256  # an attribute key
@@ -113,7 +114,9 @@ class SpanRow:
     events: list[dict[str, Any]]
     resource: dict[str, Any]
     service_name: str
-    truncated: bool  # some attribute, event or value was cut to the limits
+    truncated: bool  # some attribute, event, link or value was cut to the limits
+    # [{"trace_id", "span_id", "attributes"}]; a link with malformed ids is dropped (and truncated set)
+    links: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -361,6 +364,9 @@ def _protobuf_rows_cost(request: Any, body_bytes: int) -> int:
                 if span.events:
                     events += len(span.events)
                     attributes += sum(len(event.attributes) for event in span.events)
+                if span.links:  # a link costs about what an event does
+                    events += len(span.links)
+                    attributes += sum(len(link.attributes) for link in span.links)
     return body_bytes + _ROW_BYTES * spans + _ATTRIBUTE_BYTES * attributes + _EVENT_BYTES * events
 
 
@@ -369,9 +375,7 @@ def _protobuf_span(span: Any, reader: _ProtobufReader, resource: dict[str, Any],
     span_id = _checked_id(span.span_id, 8, "span_id")
     parent = span.parent_span_id
     parent_span_id = "" if not parent or not any(parent) else _checked_id(parent, 8, "parent_span_id")
-    name = span.name
-    if not name:
-        raise _SpanRejected("span without a name")
+    name = span.name  # may be empty: OTLP says that means unknown
     status = span.status
     attributes = reader.attributes(span.attributes)  # before events: they share the span's budget
     events = [
@@ -382,7 +386,17 @@ def _protobuf_span(span: Any, reader: _ProtobufReader, resource: dict[str, Any],
         }
         for event in _capped_events(span.events, reader)
     ]
-    if span.dropped_attributes_count or span.dropped_events_count:
+    links = []
+    for link in _capped_links(span.links, reader):
+        try:
+            linked = {"trace_id": _checked_id(link.trace_id, 16, "link trace_id"),
+                      "span_id": _checked_id(link.span_id, 8, "link span_id")}
+        except _SpanRejected:
+            reader.truncated = True  # a link to nothing we could name: dropped, said
+            continue
+        linked["attributes"] = reader.attributes(link.attributes)
+        links.append(linked)
+    if span.dropped_attributes_count or span.dropped_events_count or span.dropped_links_count:
         reader.truncated = True  # the sender already dropped some
     return SpanRow(
         trace_id=trace_id,
@@ -399,6 +413,7 @@ def _protobuf_span(span: Any, reader: _ProtobufReader, resource: dict[str, Any],
         resource=resource,
         service_name=service_name,
         truncated=False,
+        links=links,
     )
 
 
@@ -415,6 +430,13 @@ def _capped_events(events: Any, reader: _Bounded) -> Any:
         reader.truncated = True
         return events[:MAX_EVENTS]
     return events
+
+
+def _capped_links(links: Any, reader: _Bounded) -> Any:
+    if len(links) > MAX_LINKS:
+        reader.truncated = True
+        return links[:MAX_LINKS]
+    return links
 
 
 # --- JSON -----------------------------------------------------------------------
@@ -548,8 +570,6 @@ def _json_span(span: dict[str, Any], reader: _JsonReader, resource: dict[str, An
     name = span.get("name", "")
     if not isinstance(name, str):
         raise OtlpDecodeError("span name must be a string")
-    if not name:
-        raise _SpanRejected("span without a name")
     status = _object(span.get("status", {}), "status")
     attributes = reader.attributes(span.get("attributes", []))  # before events: they share the span's budget
     raw_events = _list(span.get("events", []), "events")
@@ -566,8 +586,21 @@ def _json_span(span: dict[str, Any], reader: _JsonReader, resource: dict[str, An
                 "attributes": reader.attributes(event.get("attributes", [])),
             }
         )
-    if _int64(_field(span, "droppedAttributesCount", "dropped_attributes_count", 0), "droppedAttributesCount") or _int64(
-        _field(span, "droppedEventsCount", "dropped_events_count", 0), "droppedEventsCount"
+    links = []
+    for link in _capped_links(_list(span.get("links", []), "links"), reader):
+        link = _object(link, "links")
+        try:
+            linked = {"trace_id": _hex_id(_field(link, "traceId", "trace_id", ""), 32, "link trace_id"),
+                      "span_id": _hex_id(_field(link, "spanId", "span_id", ""), 16, "link span_id")}
+        except _SpanRejected:
+            reader.truncated = True
+            continue
+        linked["attributes"] = reader.attributes(link.get("attributes", []))
+        links.append(linked)
+    if (
+        _int64(_field(span, "droppedAttributesCount", "dropped_attributes_count", 0), "droppedAttributesCount")
+        or _int64(_field(span, "droppedEventsCount", "dropped_events_count", 0), "droppedEventsCount")
+        or _int64(_field(span, "droppedLinksCount", "dropped_links_count", 0), "droppedLinksCount")
     ):
         reader.truncated = True
     return SpanRow(
@@ -585,6 +618,7 @@ def _json_span(span: dict[str, Any], reader: _JsonReader, resource: dict[str, An
         resource=resource,
         service_name=service_name,
         truncated=False,
+        links=links,
     )
 
 

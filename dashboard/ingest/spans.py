@@ -17,29 +17,34 @@ conversations (find, create the missing ones in bulk, read their ids), one for
 tool executions when spans name a tool call, the insert, and two more only when a
 tool execution gets linked (per 500 distinct ids, to stay under parameter limits).
 
-Linking, from span attributes (falling back to resource attributes):
-``gen_ai.conversation.id`` or OpenInference ``session.id`` name the conversation
-(created when it does not exist yet); a span without one takes the conversation
-of the tool execution with its ``gen_ai.tool.call.id``, else of another span of
-its trace in the batch. ``gen_ai.tool.name`` / ``gen_ai.tool.call.id`` are copied
-to columns, and a ToolExecution already stored with that tool_call_id gets this
-span (the record-arrives-later order is the link task's job: it finds spans by the
-stored ``tool_call_id``). Token and model attributes feed the conversation totals:
-``derivations_enqueue`` once per batch, only when the batch had GenAI spans.
+Linking, from span attributes read through the conventions table
+(``observatory.conventions``: GenAI semantic conventions, OpenInference, OpenLLMetry;
+span attributes first, then resource attributes): the conversation key names the
+conversation (created when it does not exist yet); a span without one takes the
+conversation of the tool execution with its tool call id, else of another span of
+its trace in the batch. Tool name, tool call id and operation are copied to columns,
+and a ToolExecution already stored with that tool_call_id gets this span (the
+record-arrives-later order is the link task's job). Spans still unlinked, and the
+traces that a span of this batch just linked, go into the derivation note as trace
+ids: the outbox links the rest of each trace as soon as one of its spans names the
+conversation, in whichever order the batches come (BatchSpanProcessor exports
+children before their parent). The same note makes the derivation turn model-call
+and tool spans into rounds, messages and tool executions (observatory.span_rows).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from django.db import connection, transaction
 from django.utils import timezone as dj_timezone
 
 from dashboard.accounts.models import Project
 from dashboard.priority import yield_to_pages
+from dashboard.observatory.conventions import KEYS as CONVENTION_KEYS
+from dashboard.observatory.conventions import is_genai, link_facts
 from dashboard.observatory.models import Conversation, Span, ToolExecution
 from dashboard.observatory.services import (
     conversations_get_or_create,
@@ -50,23 +55,6 @@ from dashboard.observatory.services import (
 
 from .otlp import TRUNCATION_MARKER, SpanRow
 
-CONVERSATION_KEYS = ("gen_ai.conversation.id", "session.id")
-TOOL_NAME_KEY = "gen_ai.tool.name"
-TOOL_CALL_ID_KEY = "gen_ai.tool.call.id"
-# Attributes that make a span count for the derived conversation totals.
-GENAI_KEYS = frozenset(
-    {
-        *CONVERSATION_KEYS,
-        "gen_ai.request.model",
-        "gen_ai.response.model",
-        "llm.model_name",
-        "gen_ai.usage.input_tokens",
-        "gen_ai.usage.output_tokens",
-        "llm.token_count.prompt",
-        "llm.token_count.completion",
-        "llm.token_count.total",
-    }
-)
 _LOOKUP_CHUNK = 500  # ids per IN (...) query; stays under every backend's limit
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -92,6 +80,8 @@ _FIELDS = (
     "conversation_key",
     "tool_name",
     "tool_call_id",
+    "operation",
+    "links",
     "received_at",
     "truncated",
     "conversation",
@@ -107,6 +97,7 @@ _SERVICE_MAX = _max_length(Span, "service_name")
 _CONVERSATION_KEY_MAX = min(_max_length(Span, "conversation_key"), _max_length(Conversation, "external_id"))
 _TOOL_NAME_MAX = _max_length(Span, "tool_name")
 _TOOL_CALL_ID_MAX = _max_length(Span, "tool_call_id")
+_OPERATION_MAX = _max_length(Span, "operation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,66 +119,71 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
     """
     if not spans:
         return StoredSpans(0, 0, (), 0)
-    links = [_links(span) for span in spans]
+    resource_keys: dict[int, bool] = {}  # id(resource) -> holds a key of the conventions table
+    links = [_links(span, resource_keys) for span in spans]
     # Built before the transaction: on SQLite it holds the write lock, so the
     # JSON encoding should not happen while the other workers wait for it.
     rows = _rows(project.pk, spans, links, dj_timezone.now())
+    # Traces already linked to a conversation by a stored span: read before the
+    # transaction (on SQLite it holds the write lock), for the traces no span of
+    # this batch names.
+    stored = _stored_trace_conversations(project, spans, links)
     yield_to_pages()  # not inside the transaction: on SQLite it holds the write lock
     with transaction.atomic():
         by_key = _conversations_for(project, spans, links)
         executions = _tool_executions_for(project, links)
-        conversations = _conversation_per_span(spans, links, by_key, executions)
+        conversations = _conversation_per_span(spans, links, by_key, executions, stored)
         inserted = _insert([row + (conversation,) for row, conversation in zip(rows, conversations)])
         linked = _link_tool_executions(project, spans, links, executions)
         touched = tuple(sorted({conversation for conversation in conversations if conversation is not None}))
-        tool_hours = sorted({_hour(span.start_time_unix_nano) for span, (_, tool, _) in zip(spans, links) if tool})
-        if inserted and (tool_hours or any(_has_genai(span) for span in spans)):
+        tool_hours = sorted({_hour(span.start_time_unix_nano) for span, (_, tool, _, _) in zip(spans, links) if tool})
+        # Traces to finish linking from the outbox: those a key just linked (their
+        # children may be stored already), and, in a batch with GenAI spans, those
+        # with a span still unlinked (its naming span may be in a concurrent batch).
+        # A batch of plain spans notes nothing: a trace already linked was found
+        # above, and a later naming span's note links its stored spans.
+        genai_batch = any(key or tool or call_id or operation for key, tool, call_id, operation in links)
+        traces = sorted({
+            span.trace_id for span, conversation, (key, _, _, _) in zip(spans, conversations, links)
+            if key or (conversation is None and genai_batch)
+        })
+        if inserted and (tool_hours or traces or touched or any(_has_genai(span) for span in spans)):
             # Once per batch, after commit (robust there: never a 500 for a committed batch).
-            derivations_enqueue(project_id=project.pk, conversation_ids=touched, hours=tool_hours)
+            derivations_enqueue(project_id=project.pk, conversation_ids=touched, hours=tool_hours, trace_ids=traces)
     return StoredSpans(inserted, len(spans) - inserted, touched, linked)
 
 
 # --- attributes -> links ------------------------------------------------------------
 
 
-def _attribute(span: SpanRow, keys: Iterable[str]) -> Any:
-    for source in (span.attributes, span.resource):
-        for key in keys:
-            value = source.get(key)
-            if value not in (None, ""):
-                return value
-    return None
-
-
-def _as_text(value: Any, limit: int) -> str:
-    if value is None:
-        return ""
-    text = value if isinstance(value, str) else json.dumps(value)
-    return text[:limit]
-
-
-def _links(span: SpanRow) -> tuple[str, str, str]:
-    """(conversation key, tool name, tool call id) of one span; "" when absent."""
+def _links(span: SpanRow, resource_keys: dict[int, bool]) -> tuple[str, str, str, str]:
+    """(conversation key, tool name, tool call id, operation) of one span; "" when absent."""
+    resource = span.resource
+    has_keys = resource_keys.get(id(resource))
+    if has_keys is None:
+        has_keys = resource_keys[id(resource)] = not CONVENTION_KEYS.isdisjoint(resource)
+    conversation, tool_name, tool_call_id, operation = link_facts(span.attributes, resource, has_keys)
     return (
-        _as_text(_attribute(span, CONVERSATION_KEYS), _CONVERSATION_KEY_MAX),
-        _as_text(span.attributes.get(TOOL_NAME_KEY), _TOOL_NAME_MAX),
-        _as_text(span.attributes.get(TOOL_CALL_ID_KEY), _TOOL_CALL_ID_MAX),
+        conversation[:_CONVERSATION_KEY_MAX],
+        tool_name[:_TOOL_NAME_MAX],
+        tool_call_id[:_TOOL_CALL_ID_MAX],
+        operation[:_OPERATION_MAX],
     )
 
 
 def _has_genai(span: SpanRow) -> bool:
-    return not GENAI_KEYS.isdisjoint(span.attributes) or not GENAI_KEYS.isdisjoint(span.resource)
+    return is_genai(span.attributes, span.resource)
 
 
 # --- conversations ------------------------------------------------------------------
 
 
 def _conversations_for(
-    project: Project, spans: Sequence[SpanRow], links: Sequence[tuple[str, str, str]]
+    project: Project, spans: Sequence[SpanRow], links: Sequence[tuple[str, str, str, str]]
 ) -> dict[str, int]:
     """Conversation id per conversation key, creating the missing ones in bulk."""
     bounds: dict[str, tuple[int, int]] = {}
-    for span, (key, _, _) in zip(spans, links):
+    for span, (key, _, _, _) in zip(spans, links):
         if key:
             low, high = bounds.get(key, (span.start_time_unix_nano, span.end_time_unix_nano))
             bounds[key] = (min(low, span.start_time_unix_nano), max(high, span.end_time_unix_nano))
@@ -207,15 +203,17 @@ def _conversations_for(
 
 def _conversation_per_span(
     spans: Sequence[SpanRow],
-    links: Sequence[tuple[str, str, str]],
+    links: Sequence[tuple[str, str, str, str]],
     by_key: dict[str, int],
     executions: dict[str, tuple[int, int, int | None]],
+    stored: dict[str, int],
 ) -> list[int | None]:
     """The conversation of each span: by its key, else by the tool execution of
-    its tool_call_id, else by another span of the same trace in this batch."""
+    its tool_call_id, else by another span of the same trace in this batch, else
+    by a stored span of its trace."""
     conversations: list[int | None] = []
-    by_trace: dict[str, int] = {}
-    for span, (key, _, call_id) in zip(spans, links):
+    by_trace: dict[str, int] = dict(stored)
+    for span, (key, _, call_id, _) in zip(spans, links):
         conversation = by_key.get(key) if key else None
         if conversation is None and call_id in executions:
             conversation = executions[call_id][1]
@@ -228,6 +226,23 @@ def _conversation_per_span(
             for span, conversation in zip(spans, conversations)
         ]
     return conversations
+
+
+def _stored_trace_conversations(
+    project: Project, spans: Sequence[SpanRow], links: Sequence[tuple[str, str, str, str]]
+) -> dict[str, int]:
+    """trace_id -> conversation of a stored span, for the batch's traces that no
+    span of the batch names (one query on the (project, trace_id, …) index per
+    500 traces; none when every trace is named)."""
+    named = {span.trace_id for span, (key, _, call_id, _) in zip(spans, links) if key or call_id}
+    unnamed = sorted({span.trace_id for span in spans} - named)
+    found: dict[str, int] = {}
+    for start in range(0, len(unnamed), _LOOKUP_CHUNK):
+        for trace_id, conversation_id in Span.objects.filter(
+            project=project, trace_id__in=unnamed[start:start + _LOOKUP_CHUNK], conversation__isnull=False
+        ).values_list("trace_id", "conversation_id"):
+            found.setdefault(trace_id, conversation_id)
+    return found
 
 
 # --- rows ---------------------------------------------------------------------------
@@ -252,7 +267,7 @@ _dumps = json_text
 def _rows(
     project_id: int,
     spans: Sequence[SpanRow],
-    links: Sequence[tuple[str, str, str]],
+    links: Sequence[tuple[str, str, str, str]],
     received_at: datetime,
 ) -> list[tuple[Any, ...]]:
     """The row of each span, in ``_FIELDS`` order but for the conversation column
@@ -261,7 +276,7 @@ def _rows(
     received = time(int(received_at.timestamp() * 1_000_000) * 1000)
     resource_json: dict[int, str] = {}  # id(resource dict) -> its JSON, once per resource
     rows = []
-    for span, (conversation_key, tool_name, tool_call_id) in zip(spans, links):
+    for span, (conversation_key, tool_name, tool_call_id, operation) in zip(spans, links):
         resource = span.resource
         encoded_resource = resource_json.get(id(resource))
         if encoded_resource is None:
@@ -292,6 +307,8 @@ def _rows(
                 conversation_key,
                 tool_name,
                 tool_call_id,
+                operation,
+                _dumps(span.links) if span.links else "[]",
                 received,
                 truncated,
             )
@@ -309,10 +326,10 @@ def _insert(rows: list[tuple[Any, ...]]) -> int:
 
 
 def _tool_executions_for(
-    project: Project, links: Sequence[tuple[str, str, str]]
+    project: Project, links: Sequence[tuple[str, str, str, str]]
 ) -> dict[str, tuple[int, int, int | None]]:
     """tool_call_id -> (tool execution id, its conversation id, its linked span id)."""
-    call_ids = sorted({call_id for _, _, call_id in links if call_id})
+    call_ids = sorted({call_id for _, _, call_id, _ in links if call_id})
     found: dict[str, tuple[int, int, int | None]] = {}
     for start in range(0, len(call_ids), _LOOKUP_CHUNK):
         for execution_id, call_id, conversation_id, span_pk in ToolExecution.objects.filter(
@@ -325,14 +342,14 @@ def _tool_executions_for(
 def _link_tool_executions(
     project: Project,
     spans: Sequence[SpanRow],
-    links: Sequence[tuple[str, str, str]],
+    links: Sequence[tuple[str, str, str, str]],
     executions: dict[str, tuple[int, int, int | None]],
 ) -> int:
     """Point the tool executions not linked yet at their span (just inserted)."""
     waiting = {call_id: execution[0] for call_id, execution in executions.items() if execution[2] is None}
     if not waiting:
         return 0
-    wanted = {call_id: (span.trace_id, span.span_id) for span, (_, _, call_id) in zip(spans, links) if call_id in waiting}
+    wanted = {call_id: (span.trace_id, span.span_id) for span, (_, _, call_id, _) in zip(spans, links) if call_id in waiting}
     trace_ids = sorted({trace_id for trace_id, _ in wanted.values()})
     span_pks: dict[tuple[str, str], int] = {}
     for start in range(0, len(trace_ids), _LOOKUP_CHUNK):

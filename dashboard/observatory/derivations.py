@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from dashboard.priority import yield_to_pages
 
-from . import costs
+from . import conventions, costs
 from .histogram import LATENCY_BUCKET_BOUNDS_MS, bucket_index, empty_histogram
 from .models import (
     Artifact,
@@ -271,12 +271,16 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
             stats[row["tool_name"]]["error_types"][row["error_type"] or "unknown"] += row["n"]
         costs.tool_hour_costs(stats, executions, start)  # [costs] observation tokens at the input price
 
+        # Tool spans no tool execution describes: not by tool_call_id, and not as the
+        # span a tool execution (a record's, or one derived from the span) links to.
         described = ToolExecution.objects.filter(project_id=project_id, tool_call_id=OuterRef("tool_call_id"))
+        linked = ToolExecution.objects.filter(linked_span_id=OuterRef("pk"))
         span_only = (
             Span.objects.filter(project_id=project_id, start_time__gte=start, start_time__lt=end)
             .exclude(tool_name="")
-            .annotate(described=Exists(described))
+            .annotate(described=Exists(described), linked=Exists(linked))
             .filter(Q(described=False) | Q(tool_call_id=""))
+            .filter(linked=False)
         )
         # Five attribute values per span, extracted by the database, read in chunks:
         # never the spans' whole attributes, never all of an hour's spans at once.
@@ -326,7 +330,8 @@ def _count(value: Any) -> int:
 
 def _add_span(entry: dict[str, Any], duration_ms: float, status_code: int, attributes: Any) -> None:
     attributes = attributes if isinstance(attributes, dict) else {}
-    failed = status_code == SPAN_STATUS_ERROR
+    # Failed: status ERROR, or an error type (the GenAI conventions set error.type on failure).
+    failed = status_code == SPAN_STATUS_ERROR or attributes.get("error.type") not in (None, "")
     entry["calls"] += 1
     entry["successes" if not failed else "errors"] += 1
     entry["retries"] += _count(attributes.get("ba.retry_count"))
@@ -561,11 +566,44 @@ def _spans_by_calls_or_traces(spans: Any, calls: set[str], traces: set[str]) -> 
 def _conversation_key(attributes: Any) -> str:
     if not isinstance(attributes, dict):
         return ""
-    for name in ("gen_ai.conversation.id", "session.id"):
-        value = attributes.get(name)
-        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
-            return str(value).strip()[:200]
+    value = conventions.value_of("conversation", attributes)
+    if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
+        return str(value).strip()[:200]
     return ""
+
+
+def traces_link(*, project_id: int, trace_ids: Iterable[str]) -> list[int]:
+    """Link the unlinked spans of these traces to the conversation another span of
+    the trace (or a round record of it) belongs to: the late-span pass, run from the
+    outbox after each batch that stored unlinked spans or linked a trace. Only index
+    lookups on (project, trace_id); returns the conversations that gained spans."""
+    traces = sorted({trace for trace in trace_ids if trace})
+    touched: set[int] = set()
+    for start in range(0, len(traces), 500):
+        chunk = traces[start:start + 500]
+        by_trace: dict[str, int] = {}
+        for trace_id, conversation_id in (
+            Span.objects.filter(project_id=project_id, trace_id__in=chunk, conversation__isnull=False)
+            .order_by("start_time").values_list("trace_id", "conversation_id")
+        ):
+            by_trace.setdefault(trace_id, conversation_id)
+        for trace_id, conversation_id in Round.objects.filter(
+            project_id=project_id, trace_id__in=chunk
+        ).values_list("trace_id", "conversation_id"):
+            by_trace.setdefault(trace_id, conversation_id)
+        waiting = set(
+            Span.objects.filter(project_id=project_id, trace_id__in=list(by_trace), conversation__isnull=True)
+            .values_list("trace_id", flat=True).distinct()
+        ) if by_trace else set()
+        for trace_id in sorted(waiting):  # one UPDATE per trace that has unlinked spans, usually none
+            conversation_id = by_trace[trace_id]
+            if Span.objects.filter(project_id=project_id, trace_id=trace_id, conversation__isnull=True).update(
+                conversation_id=conversation_id
+            ):
+                touched.add(conversation_id)
+        # Conversations whose spans were linked at ingest need their rows derived too.
+        touched.update(by_trace.values())
+    return sorted(touched)
 
 
 # --- log records ----------------------------------------------------------------------

@@ -108,10 +108,20 @@ class _RecordRow(models.Model):
         ]
 
 
+class Source(models.TextChoices):
+    """Where a round, message or tool execution came from: a pipeline record, or
+    derived from spans (observatory.span_rows) when no record describes the call."""
+
+    RECORD = "record", "record"
+    SPAN = "span", "span"
+
+
 class Round(_RecordRow):
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="round_set", db_index=False
     )
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.RECORD)
+    span_id = models.CharField(max_length=16, blank=True)  # the model call's span (derived rounds)
     round_id = models.CharField(max_length=ID_LENGTH)
     index = models.PositiveIntegerField()
     trace_id = models.CharField(max_length=32, blank=True)
@@ -150,6 +160,7 @@ class Message(_RecordRow):
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="message_set", db_index=False
     )
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.RECORD)
     round_id = models.CharField(max_length=ID_LENGTH, blank=True)
     index = models.PositiveIntegerField()
     role = models.CharField(max_length=16)
@@ -194,6 +205,7 @@ class Span(models.Model):
     service_name = models.CharField(max_length=200, blank=True)
     attributes = models.JSONField(default=dict)
     events = models.JSONField(default=list)
+    links = models.JSONField(default=list)  # OTLP span links: [{trace_id, span_id, attributes}]
     resource = models.JSONField(default=dict)
     # Indexed by the partial span_conversation_time only (most spans have none).
     conversation = models.ForeignKey(
@@ -202,6 +214,9 @@ class Span(models.Model):
     conversation_key = models.CharField(max_length=ID_LENGTH, blank=True)
     tool_name = models.CharField(max_length=ID_LENGTH, blank=True)
     tool_call_id = models.CharField(max_length=TOOL_CALL_ID_LENGTH, blank=True)
+    # chat / execute_tool / invoke_agent / embeddings / retrieval, read through
+    # observatory.conventions at ingest; "" for spans no convention describes.
+    operation = models.CharField(max_length=16, blank=True)
     received_at = models.DateTimeField(default=timezone.now)
     # Ingest cut its attributes, events or name to the stored limits.
     truncated = models.BooleanField(default=False)
@@ -223,6 +238,11 @@ class Span(models.Model):
             models.Index(
                 fields=["project", "tool_call_id"], name="span_project_tool_call",
                 condition=~Q(tool_call_id=""),
+            ),
+            # the trace list: root spans of a project, newest first (one row per trace)
+            models.Index(
+                fields=["project", "-start_time", "-id"], name="span_project_roots",
+                condition=Q(parent_span_id=""),
             ),
             # span-only tool statistics by hour (rollups, hours_with_rows)
             models.Index(
@@ -300,6 +320,7 @@ class ToolExecution(_RecordRow):
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="tool_executions", db_index=False
     )
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.RECORD)
     round_id = models.CharField(max_length=ID_LENGTH, blank=True)
     trace_id = models.CharField(max_length=32, blank=True)
     span_id = models.CharField(max_length=16, blank=True)
@@ -562,6 +583,7 @@ class DerivationNote(models.Model):
     conversation_ids = models.JSONField(default=list)
     hours = models.JSONField(default=list)  # ISO starts of hours
     artifact_ids = models.JSONField(default=list)
+    trace_ids = models.JSONField(default=list)  # traces whose spans to link to their conversation
     created_at = models.DateTimeField(default=timezone.now)
     available_at = models.DateTimeField(default=timezone.now)  # not drained before (backoff)
     claimed_until = models.DateTimeField(null=True, blank=True)  # a drainer's lease
@@ -576,4 +598,5 @@ class DerivationNote(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"note {self.pk}: {len(self.conversation_ids)} conversations, {len(self.hours)} hours"
+        return (f"note {self.pk}: {len(self.conversation_ids)} conversations, {len(self.hours)} hours, "
+                f"{len(self.trace_ids)} traces")

@@ -53,10 +53,14 @@ class DrainOutcome:
     parked: int = 0
 
 
-def note_write(*, project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str]) -> None:
+def note_write(
+    *, project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str],
+    trace_ids: list[str] = (),
+) -> None:
     """Record work to derive; call it inside the transaction that stores the rows."""
     DerivationNote.objects.create(
-        project_id=project_id, conversation_ids=conversation_ids, hours=hours, artifact_ids=artifact_ids
+        project_id=project_id, conversation_ids=conversation_ids, hours=hours, artifact_ids=artifact_ids,
+        trace_ids=list(trace_ids),
     )
 
 
@@ -125,22 +129,35 @@ def notes_retry(*, ids: Iterable[int]) -> int:
     )
 
 
-def _merged(notes: list[DerivationNote]) -> tuple[list[int], list[str], list[str]]:
+def _merged(notes: list[DerivationNote]) -> tuple[list[int], list[str], list[str], list[str]]:
     conversations: set[int] = set()
     hours: set[str] = set()
     artifacts: set[str] = set()
+    traces: set[str] = set()
     for note in notes:
         conversations.update(note.conversation_ids)
         hours.update(note.hours)
         artifacts.update(note.artifact_ids)
-    return sorted(conversations), sorted(hours), sorted(artifacts)
+        traces.update(note.trace_ids)
+    return sorted(conversations), sorted(hours), sorted(artifacts), sorted(traces)
 
 
-def _derive(project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str]) -> None:
-    from . import tasks
+def _derive(
+    project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str], trace_ids: list[str] = ()
+) -> None:
+    from . import derivations, span_rows, tasks
 
+    conversation_ids = list(conversation_ids)
+    hours = list(hours)
+    if trace_ids:
+        # Late spans: link the rest of each trace to the conversation one of its spans names.
+        linked = derivations.traces_link(project_id=project_id, trace_ids=trace_ids)
+        conversation_ids = sorted(set(conversation_ids) | set(linked))
     if conversation_ids:
         tasks.links_refresh(project_id, conversation_ids)
+        # Rounds, messages and tool executions from model-call and tool spans.
+        derived_hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=conversation_ids)
+        hours = sorted(set(hours) | {hour.isoformat() for hour in derived_hours})
         tasks.conversation_totals_refresh(conversation_ids)
     if hours:
         tasks.tool_rollups_refresh(project_id, hours)
@@ -166,6 +183,7 @@ def _failed(note: DerivationNote, exc: Exception, outcome: DrainOutcome) -> None
         [dict(conversation_ids=[c]) for c in note.conversation_ids]
         + [dict(hours=[h]) for h in note.hours]
         + [dict(artifact_ids=[a]) for a in note.artifact_ids]
+        + [dict(trace_ids=[t]) for t in note.trace_ids]
     )
     if isinstance(exc, OperationalError):
         _delay_busy(note, error)

@@ -419,9 +419,10 @@ def derivations_enqueue(
     conversation_ids: Iterable[int] = (),
     hours: Iterable[datetime] = (),
     artifact_ids: Iterable[str] = (),
+    trace_ids: Iterable[str] = (),
 ) -> None:
     """Record the derivations a write needs: conversation totals, hourly tool
-    rollups, links between spans, records and artifacts. Records, OTLP spans and
+    rollups, links between spans, records and artifacts, traces whose spans to link. Records, OTLP spans and
     artifact uploads all come here, inside the transaction that stores their rows:
     the note (observatory.outbox) commits with them or not at all, so a crash never
     loses derivations of acknowledged rows. After the commit the drainer is told."""
@@ -431,9 +432,11 @@ def derivations_enqueue(
     conversation_list = sorted(set(conversation_ids))
     hour_list = sorted({hour_of(hour).isoformat() for hour in hours})
     artifact_list = sorted(set(artifact_ids))
-    if not conversation_list and not hour_list and not artifact_list:
+    trace_list = sorted(set(trace_ids))
+    if not conversation_list and not hour_list and not artifact_list and not trace_list:
         return
-    note_write(project_id=project_id, conversation_ids=conversation_list, hours=hour_list, artifact_ids=artifact_list)
+    note_write(project_id=project_id, conversation_ids=conversation_list, hours=hour_list, artifact_ids=artifact_list,
+               trace_ids=trace_list)
     # robust: the batch and its note are committed; a failing notification (broker
     # down, an eager task error) is logged and the note drained by the next poll.
     transaction.on_commit(notify, robust=True)

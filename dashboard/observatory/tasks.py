@@ -13,7 +13,7 @@ from django.utils import timezone
 from dashboard.accounts.models import Project
 from dashboard.accounts.throttle import login_throttle_purge
 
-from . import derivations, services
+from . import derivations, services, span_rows
 
 
 @shared_task(name="observatory.conversation_totals_refresh")
@@ -38,7 +38,11 @@ def links_refresh(
         project_id=project_id, conversation_ids=conversation_ids, artifact_ids=artifact_ids
     )
     if counts["conversation_ids"]:
+        # Spans that just joined a conversation may be model or tool calls: their rows first.
+        hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=counts["conversation_ids"])
         derivations.conversation_totals_refresh(conversation_ids=counts["conversation_ids"])
+        if hours:
+            derivations.tool_rollups_refresh(project_id=project_id, hours=hours)
     if artifact_ids is None or conversation_ids is not None:
         # Log records that arrived before their span get the span's conversation.
         counts["log_records"] = derivations.log_records_link(

@@ -96,10 +96,10 @@ def test_it_takes_gzip(server, key):
 
 def test_it_answers_partial_success(server, key):
     request = ExportTraceServiceRequest.FromString(spans_request(2))
-    request.resource_spans[0].scope_spans[0].spans[0].name = ""
+    request.resource_spans[0].scope_spans[0].spans[0].trace_id = bytes(16)
     answer = ExportTraceServiceResponse.FromString(call(server, TRACES, request.SerializeToString(), key))
     assert answer.partial_success.rejected_spans == 1
-    assert "span without a name" in answer.partial_success.error_message
+    assert "trace_id is all zeros" in answer.partial_success.error_message
     assert Span.objects.count() == 1
 
 

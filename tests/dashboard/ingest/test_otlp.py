@@ -21,7 +21,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from dashboard.accounts.services import apikey_create, apikey_revoke, project_create
 from dashboard.ingest import common, spans as spans_module
 from dashboard.ingest.otlp import MAX_SPANS, MAX_VALUE_CHARS, TRUNCATION_MARKER
-from dashboard.observatory.models import Conversation, Span, ToolExecution
+from dashboard.observatory.models import Conversation, DerivationNote, Span, ToolExecution
 
 pytestmark = pytest.mark.django_db
 
@@ -214,12 +214,12 @@ def test_it_answers_partial_success_and_keeps_the_good_spans(client, auth, proje
     request = make_request(3)
     spans = request.resource_spans[0].scope_spans[0].spans
     spans[1].span_id = b"\x00" * 8
-    spans[2].name = ""
+    spans[2].trace_id = b"\x01" * 15
     response = post(client, request.SerializeToString(), auth)
     assert response.status_code == 200
     partial = ExportTraceServiceResponse.FromString(response.content).partial_success
     assert partial.rejected_spans == 2
-    assert "all zeros" in partial.error_message and "without a name" in partial.error_message
+    assert "all zeros" in partial.error_message and "must be 16 bytes" in partial.error_message
     assert list(Span.objects.filter(project=project).values_list("name", flat=True)) == ["step 0"]
 
 
@@ -538,3 +538,49 @@ def test_it_answers_503_when_the_database_is_locked_with_fake_database(client, a
     assert response.status_code == 503
     assert int(response["Retry-After"]) > 0
     assert_nothing_stored()  # the conversation created before the failure was rolled back too
+
+
+def test_it_links_plain_spans_of_a_trace_a_stored_span_links_at_once(client, auth, project):
+    named = make_request(1, attributes=genai(gen_ai__conversation__id="c-late"), trace_id=b"\x08" * 16)
+    assert post(client, named.SerializeToString(), auth).status_code == 200
+    notes = DerivationNote.objects.filter(project=project).count()
+    plain = make_request(3, trace_id=b"\x08" * 16)
+    for index, span in enumerate(plain.resource_spans[0].scope_spans[0].spans):
+        span.span_id = (100 + index).to_bytes(8, "big")
+    assert post(client, plain.SerializeToString(), auth).status_code == 200
+    conversation = Conversation.objects.get(project=project, external_id="c-late")
+    assert Span.objects.filter(project=project, conversation=conversation).count() == 4  # at ingest
+    # Only the conversation's totals (activity times) to refresh; no trace to link.
+    (note,) = DerivationNote.objects.filter(project=project).order_by("id")[notes:]
+    assert (note.conversation_ids, note.trace_ids) == ([conversation.pk], [])
+
+
+def test_it_stores_span_links_and_an_unnamed_span(client, auth, project):
+    request = make_request(1, trace_id=b"\x05" * 16)
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    span.name = ""
+    link = span.links.add()
+    link.trace_id = b"\x06" * 16
+    link.span_id = b"\x07" * 8
+    link.attributes.add(key="why", value=AnyValue(string_value="batch"))
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    (stored,) = Span.objects.filter(project=project)
+    assert stored.name == ""
+    assert stored.links == [{"trace_id": "06" * 16, "span_id": "07" * 8, "attributes": {"why": "batch"}}]
+
+
+@pytest.mark.parametrize("attributes, expected", [
+    (genai(session__id="oi-1"), ("oi-1", "", "", "")),
+    (genai(traceloop__association__properties__session_id="tl-1"), ("tl-1", "", "", "")),
+    ({"openinference.span.kind": AnyValue(string_value="TOOL"), "tool.name": AnyValue(string_value="search")},
+     ("", "search", "", "execute_tool")),
+    ({"traceloop.span.kind": AnyValue(string_value="tool"), "traceloop.entity.name": AnyValue(string_value="s")},
+     ("", "s", "", "execute_tool")),
+    (genai(gen_ai__operation__name="chat", gen_ai__request__model="m"), ("", "", "", "chat")),
+])
+def test_it_copies_what_the_conventions_say_to_columns(client, auth, project, attributes, expected):
+    assert post(client, make_request(1, attributes=attributes).SerializeToString(), auth).status_code == 200
+    (stored,) = Span.objects.filter(project=project)
+    assert (stored.conversation_key, stored.tool_name, stored.tool_call_id, stored.operation) == expected
+    if expected[0]:
+        assert stored.conversation.external_id == expected[0]

@@ -257,7 +257,6 @@ def test_it_keeps_non_finite_doubles_as_strings():
         ({"span_id": b"\x01" * 9}, "span_id must be 8 bytes"),
         ({"span_id": b"\x00" * 8}, "span_id is all zeros"),
         ({"parent_span_id": b"\x01" * 3}, "parent_span_id must be 8 bytes"),
-        ({"name": ""}, "span without a name"),
     ],
 )
 def test_it_rejects_only_the_bad_span_in_protobuf(fields, reason):
@@ -281,7 +280,6 @@ def test_it_rejects_only_the_bad_span_in_protobuf(fields, reason):
         {"spanId": "abc"},
         {"spanId": 12345},
         {"parentSpanId": "xyz"},
-        {"name": ""},
     ],
 )
 def test_it_rejects_only_the_bad_span_in_json(fields):
@@ -291,10 +289,20 @@ def test_it_rejects_only_the_bad_span_in_json(fields):
 
 
 def test_it_counts_every_rejection_but_names_each_reason_once():
-    spans = [json_span(spanId=f"{index:016x}", name="") for index in range(1, 20)]
+    spans = [json_span(spanId=f"{index:016x}", traceId="0" * 32) for index in range(1, 20)]
     batch = decode_json(json_request(*spans))
     assert batch.rejected == 19
-    assert batch.error_message == "19 span(s) rejected: span without a name"
+    assert batch.error_message == "19 span(s) rejected: trace_id is all zeros"
+
+
+def test_it_keeps_a_span_with_an_empty_name_in_both_encodings():
+    # OTLP: an empty name means unknown; the span is still a span.
+    request = make_request(spans=1)
+    request.resource_spans[0].scope_spans[0].spans[0].name = ""
+    (span,) = decode_protobuf(request.SerializeToString()).spans
+    assert span.name == ""
+    (span,) = decode_json(json_request(json_span(name=""))).spans
+    assert span.name == ""
 
 
 # --- malformed bodies (400) -----------------------------------------------------
@@ -511,3 +519,44 @@ def test_it_encodes_errors_as_a_google_rpc_status():
     status = status_pb2.Status.FromString(otlp.encode_status(401, "invalid API key", PROTOBUF))
     assert (status.code, status.message) == (16, "invalid API key")
     assert json.loads(otlp.encode_status(400, "bad", JSON)) == {"code": 3, "message": "bad"}
+
+
+# --- span links -------------------------------------------------------------------
+
+
+def test_it_decodes_span_links_from_protobuf():
+    request = make_request(spans=1)
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    link = span.links.add()
+    link.trace_id = b"\x0a" * 16
+    link.span_id = b"\x0b" * 8
+    link.attributes.add(key="link.kind", value=AnyValue(string_value="follows"))
+    bad = span.links.add()  # a link with a short id: dropped, and the span says it lost something
+    bad.trace_id = b"\x0a" * 3
+    bad.span_id = b"\x0b" * 8
+    (row,) = decode_protobuf(request.SerializeToString()).spans
+    assert row.links == [{"trace_id": "0a" * 16, "span_id": "0b" * 8, "attributes": {"link.kind": "follows"}}]
+    assert row.truncated
+
+
+def test_it_decodes_span_links_from_json():
+    links = [
+        {"traceId": "0a" * 16, "spanId": "0b" * 8, "attributes": [{"key": "n", "value": {"intValue": "3"}}]},
+        {"traceId": "zz", "spanId": "0b" * 8},
+    ]
+    (row,) = decode_json(json_request(json_span(links=links))).spans
+    assert row.links == [{"trace_id": "0a" * 16, "span_id": "0b" * 8, "attributes": {"n": 3}}]
+    assert row.truncated
+
+
+def test_it_bounds_the_links_of_a_span():
+    links = [{"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}"} for i in range(otlp.MAX_LINKS + 5)]
+    (row,) = decode_json(json_request(json_span(links=links))).spans
+    assert len(row.links) == otlp.MAX_LINKS
+    assert row.truncated
+
+
+@pytest.mark.parametrize("links", ["nope", [1], {"traceId": "0a"}])
+def test_it_refuses_links_of_the_wrong_shape(links):
+    with pytest.raises(otlp.OtlpDecodeError):
+        decode_json(json_request(json_span(links=links)))

@@ -1,0 +1,111 @@
+"""Conversations from spans alone: what deriving rounds, messages and tool
+executions from OpenInference-shaped spans costs, and that a second pass is cheap.
+
+    .venv/bin/python -m benchmarks.bench_span_rows --conversations 300
+
+A fresh SQLite data dir (or ``--database-url``), in this process. Each conversation
+is one trace of an agent run as openinference-instrumentation-langchain sends it:
+an AGENT root naming the session, 8 CHAIN spans, 2 LLM spans (messages and
+tokens) and 1 TOOL span; stored through the real ingest (``spans_store``) in
+batches of 512 spans with the children before the root (as a BatchSpanProcessor
+exports them). Then the outbox is drained (late linking by trace, derivation,
+totals, rollups) and timed; then the same conversations are derived again (nothing
+new: what a later batch of a long conversation pays for the old spans). Printed:
+spans, rows derived, seconds and spans/s of the first drain, the second pass's
+seconds, and the growth of this process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.load import django_env, setup_django
+
+CHAINS = 8
+
+
+def agent_run(n: int, start_ns: int) -> list[dict]:
+    trace, root = f"{n + 1:032x}", f"{1:016x}"
+
+    def span(index: int, name: str, attributes: dict, parent: str = root) -> dict:
+        at = start_ns + index * 10_000_000
+        return {"traceId": trace, "spanId": f"{index + 2:016x}" if name != "root" else root,
+                "parentSpanId": "" if name == "root" else parent, "name": name,
+                "startTimeUnixNano": str(at), "endTimeUnixNano": str(at + 5_000_000),
+                "attributes": [{"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}}
+                               for k, v in attributes.items()]}
+
+    spans = [span(i, f"chain {i}", {"openinference.span.kind": "CHAIN", "input.value": "x" * 200})
+             for i in range(CHAINS)]
+    call = json.dumps([{"role": "assistant", "parts": [{"type": "tool_call", "id": f"call_{n}", "name": "search",
+                                                        "arguments": {"q": "orders"}}]}])
+    spans.append(span(CHAINS, "llm", {
+        "openinference.span.kind": "LLM", "llm.model_name": "gpt-4o", "llm.token_count.prompt": 900,
+        "llm.token_count.completion": 40, "llm.input_messages.0.message.role": "user",
+        "llm.input_messages.0.message.content": f"question {n}", "gen_ai.output.messages": call}))
+    spans.append(span(CHAINS + 1, "search", {
+        "openinference.span.kind": "TOOL", "tool.name": "search", "input.value": "orders",
+        "output.value": json.dumps({"type": "tool", "data": {"content": "12 rows", "tool_call_id": f"call_{n}"}})}))
+    spans.append(span(CHAINS + 2, "llm", {
+        "openinference.span.kind": "LLM", "llm.model_name": "gpt-4o", "llm.token_count.prompt": 1300,
+        "llm.token_count.completion": 60, "llm.output_messages.0.message.role": "assistant",
+        "llm.output_messages.0.message.content": "Twelve orders."}))
+    spans.append(span(CHAINS + 3, "root", {"openinference.span.kind": "AGENT", "session.id": f"session-{n}"}))
+    return spans
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=int, default=300)
+    parser.add_argument("--database-url", default="")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-span-rows-"))
+    try:
+        setup_django(django_env(workdir, args.database_url))
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        from dashboard.accounts.services import project_create
+        from dashboard.ingest.otlp import decode_json
+        from dashboard.ingest.spans import spans_store
+        from dashboard.observatory import dispatch, span_rows
+        from dashboard.observatory.models import Conversation, Message, Round, ToolExecution
+        from dashboard.observatory.outbox import outbox_drain_all
+
+        dispatch.notify = lambda: None  # drained below, timed, not by a background thread
+        project = project_create(name=f"bench-span-rows-{time.time_ns()}")
+        start_ns = time.time_ns() - 3_600_000_000_000
+        spans = [s for n in range(args.conversations) for s in agent_run(n, start_ns)]
+        for offset in range(0, len(spans), 512):
+            body = json.dumps({"resourceSpans": [{"resource": {"attributes": []},
+                                                  "scopeSpans": [{"spans": spans[offset:offset + 512]}]}]})
+            spans_store(project=project, spans=decode_json(body.encode()).spans)
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        began = time.perf_counter()
+        outbox_drain_all(passes=10_000)
+        first = time.perf_counter() - began
+        rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        ids = list(Conversation.objects.filter(project=project).values_list("id", flat=True))
+        began = time.perf_counter()
+        span_rows.span_rows_derive(project_id=project.pk, conversation_ids=ids)
+        again = time.perf_counter() - began
+        rows = (Round.objects.filter(project=project).count(), Message.objects.filter(project=project).count(),
+                ToolExecution.objects.filter(project=project).count())
+        print(f"conversations {len(ids)}, spans {len(spans)}; derived rounds {rows[0]}, messages {rows[1]}, "
+              f"tool executions {rows[2]}")
+        print(f"first drain (link late spans, derive, totals, rollups): {first:.2f} s, "
+              f"{len(spans) / first:,.0f} spans/s, {len(ids) / first:,.0f} conversations/s")
+        print(f"second derivation pass, nothing new: {again:.2f} s ({again / len(ids) * 1000:.2f} ms a conversation)")
+        print(f"peak RSS growth during the drain: {(rss_after - rss_before) / 1024:.1f} MiB")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

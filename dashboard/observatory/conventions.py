@@ -1,0 +1,431 @@
+"""How span attributes of the conventions in use map onto the dashboard's concepts.
+
+One declared table, ``RULES``: each row says that attribute ``key`` of convention
+``convention`` gives concept ``concept`` (optionally only when another attribute has
+a given value, and with its values translated). The first row that matches wins, so
+the order of the rows is the precedence: the current OpenTelemetry GenAI semantic
+conventions first, then their previous forms, OpenInference, OpenLLMetry (traceloop)
+and the pipeline's own ``ba.*`` attributes. Messages come in three shapes
+(``MESSAGE_RULES``): the GenAI JSON ``parts`` documents, the previous flattened
+``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*`` keys, and OpenInference's
+``llm.input_messages.N.message.*``.
+
+A new convention is a row here, nothing else: ingest (dashboard.ingest.spans), the
+linking and the derivation of rounds, messages and tool executions from spans
+(observatory.span_rows) all read spans through ``span_facts``. docs/conventions.md
+is this table in prose. Pure Python, no Django.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional
+
+# The operations the dashboard knows; every convention's own names map onto these.
+CHAT = "chat"
+EXECUTE_TOOL = "execute_tool"
+INVOKE_AGENT = "invoke_agent"
+EMBEDDINGS = "embeddings"
+RETRIEVAL = "retrieval"
+OPERATIONS = (CHAT, EXECUTE_TOOL, INVOKE_AGENT, EMBEDDINGS, RETRIEVAL)
+
+GENAI = "GenAI semconv"
+GENAI_PREVIOUS = "GenAI semconv (previous)"
+OPENINFERENCE = "OpenInference"
+OPENLLMETRY = "OpenLLMetry"
+PIPELINE = "pipeline (ba.*)"
+OTEL = "OpenTelemetry general"
+
+ANY = "*"  # in ``values``: any non-empty value maps to the given one
+
+
+@dataclass(frozen=True)
+class Rule:
+    concept: str
+    convention: str
+    key: str
+    # Only when attribute when[0] has the value when[1] (e.g. OpenInference's
+    # input.value is a tool's arguments only on a TOOL span).
+    when: Optional[tuple[str, str]] = None
+    # Translate values (operation names); a value not listed does not match.
+    values: Optional[Mapping[str, str]] = None
+    # Also read the resource's attributes (after the span's own, for every row).
+    resource: bool = False
+
+
+def _op(**names: str) -> dict[str, str]:
+    return dict(names)
+
+
+_OI_TOOL = ("openinference.span.kind", "TOOL")
+_TL_TOOL = ("traceloop.span.kind", "tool")
+
+RULES: tuple[Rule, ...] = (
+    # conversation / session
+    Rule("conversation", GENAI, "gen_ai.conversation.id", resource=True),
+    Rule("conversation", OPENINFERENCE, "session.id", resource=True),
+    Rule("conversation", OPENLLMETRY, "traceloop.association.properties.session_id", resource=True),
+    Rule("conversation", OPENLLMETRY, "traceloop.association.properties.conversation_id", resource=True),
+    # user
+    Rule("user", OPENINFERENCE, "user.id", resource=True),
+    Rule("user", OTEL, "enduser.id", resource=True),
+    Rule("user", OPENLLMETRY, "traceloop.association.properties.user_id", resource=True),
+    # agent
+    Rule("agent", GENAI, "gen_ai.agent.name"),
+    Rule("agent", OPENINFERENCE, "agent.name"),
+    Rule("agent", OPENLLMETRY, "traceloop.entity.name", when=("traceloop.span.kind", "agent")),
+    # model: the one that answered, else the one asked for
+    Rule("model", GENAI, "gen_ai.response.model"),
+    Rule("model", GENAI, "gen_ai.request.model"),
+    Rule("model", OPENINFERENCE, "llm.model_name"),
+    Rule("model", OPENLLMETRY, "llm.response.model"),
+    Rule("model", OPENLLMETRY, "llm.request.model"),
+    # provider
+    Rule("provider", GENAI, "gen_ai.provider.name"),
+    Rule("provider", GENAI_PREVIOUS, "gen_ai.system"),
+    Rule("provider", OPENINFERENCE, "llm.provider"),
+    Rule("provider", OPENINFERENCE, "llm.system"),
+    # operation
+    Rule("operation", GENAI, "gen_ai.operation.name", values=_op(
+        chat=CHAT, text_completion=CHAT, generate_content=CHAT, execute_tool=EXECUTE_TOOL,
+        invoke_agent=INVOKE_AGENT, embeddings=EMBEDDINGS, retrieval=RETRIEVAL,
+    )),
+    Rule("operation", OPENINFERENCE, "openinference.span.kind", values=_op(
+        LLM=CHAT, TOOL=EXECUTE_TOOL, AGENT=INVOKE_AGENT, EMBEDDING=EMBEDDINGS, RETRIEVER=RETRIEVAL,
+    )),
+    Rule("operation", OPENLLMETRY, "traceloop.span.kind", values=_op(tool=EXECUTE_TOOL, agent=INVOKE_AGENT)),
+    Rule("operation", OPENLLMETRY, "llm.request.type", values=_op(
+        chat=CHAT, completion=CHAT, embedding=EMBEDDINGS, rerank=RETRIEVAL,
+    )),
+    Rule("operation", GENAI, "gen_ai.tool.name", values={ANY: EXECUTE_TOOL}),  # a tool span without an operation
+    # tool name and call id
+    Rule("tool_name", GENAI, "gen_ai.tool.name"),
+    Rule("tool_name", OPENINFERENCE, "tool.name", when=_OI_TOOL),
+    Rule("tool_name", OPENLLMETRY, "traceloop.entity.name", when=_TL_TOOL),
+    Rule("tool_call_id", GENAI, "gen_ai.tool.call.id"),
+    Rule("tool_call_id", OPENINFERENCE, "tool_call.id"),
+    # a tool's arguments and result
+    Rule("tool_arguments", GENAI, "gen_ai.tool.call.arguments"),
+    Rule("tool_arguments", OPENINFERENCE, "tool.parameters", when=_OI_TOOL),
+    Rule("tool_arguments", OPENINFERENCE, "input.value", when=_OI_TOOL),
+    Rule("tool_arguments", OPENLLMETRY, "traceloop.entity.input", when=_TL_TOOL),
+    Rule("tool_result", GENAI, "gen_ai.tool.call.result"),
+    Rule("tool_result", OPENINFERENCE, "output.value", when=_OI_TOOL),
+    Rule("tool_result", OPENLLMETRY, "traceloop.entity.output", when=_TL_TOOL),
+    # tokens
+    Rule("input_tokens", GENAI, "gen_ai.usage.input_tokens"),
+    Rule("input_tokens", GENAI_PREVIOUS, "gen_ai.usage.prompt_tokens"),
+    Rule("input_tokens", OPENINFERENCE, "llm.token_count.prompt"),
+    Rule("input_tokens", OPENLLMETRY, "llm.usage.prompt_tokens"),
+    Rule("output_tokens", GENAI, "gen_ai.usage.output_tokens"),
+    Rule("output_tokens", GENAI_PREVIOUS, "gen_ai.usage.completion_tokens"),
+    Rule("output_tokens", OPENINFERENCE, "llm.token_count.completion"),
+    Rule("output_tokens", OPENLLMETRY, "llm.usage.completion_tokens"),
+    # errors (also: status ERROR, and an "exception" event's exception.type)
+    Rule("error_type", OTEL, "error.type"),
+    Rule("error_type", OPENINFERENCE, "exception.type"),
+    # the model's context window, when the agent says it
+    Rule("context_window", PIPELINE, "ba.context_window"),
+)
+
+# Where messages are, in which shape; the first one a span has wins.
+PARTS_JSON = "GenAI JSON parts"
+INDEXED = "indexed gen_ai.prompt.N.*"
+OPENINFERENCE_INDEXED = "indexed llm.*_messages.N.message.*"
+
+
+@dataclass(frozen=True)
+class MessageRule:
+    concept: str  # input_messages / output_messages
+    convention: str
+    key: str  # the attribute, or the prefix of the indexed keys
+    shape: str
+
+
+MESSAGE_RULES: tuple[MessageRule, ...] = (
+    MessageRule("input_messages", GENAI, "gen_ai.input.messages", PARTS_JSON),
+    MessageRule("input_messages", GENAI_PREVIOUS, "gen_ai.prompt", INDEXED),
+    MessageRule("input_messages", OPENINFERENCE, "llm.input_messages", OPENINFERENCE_INDEXED),
+    MessageRule("output_messages", GENAI, "gen_ai.output.messages", PARTS_JSON),
+    MessageRule("output_messages", GENAI_PREVIOUS, "gen_ai.completion", INDEXED),
+    MessageRule("output_messages", OPENINFERENCE, "llm.output_messages", OPENINFERENCE_INDEXED),
+)
+
+# Values that say nothing (traceloop writes "unknown" when a model has no name).
+EMPTY_VALUES = frozenset({"", "unknown", "None", "null"})
+# The keys any rule reads: a span with none of them is not a GenAI span.
+KEYS = frozenset(rule.key for rule in RULES) | frozenset(rule.key for rule in MESSAGE_RULES if rule.shape == PARTS_JSON)
+MESSAGE_PREFIXES = tuple(rule.key + "." for rule in MESSAGE_RULES if rule.shape != PARTS_JSON)
+TEXT_LIMIT = 16 * 1024  # a message or tool argument kept from a span, at most
+
+
+@dataclass
+class ToolCallFact:
+    id: str
+    name: str
+    arguments: Any
+
+
+@dataclass
+class MessageFact:
+    role: str
+    content: str = ""
+    name: str = ""
+    tool_call_id: str = ""
+    tool_calls: list[ToolCallFact] = field(default_factory=list)
+
+
+@dataclass
+class SpanFacts:
+    """What one span says in the dashboard's words ("" / None when it does not)."""
+
+    conversation: str = ""
+    user: str = ""
+    agent: str = ""
+    model: str = ""
+    provider: str = ""
+    operation: str = ""
+    tool_name: str = ""
+    tool_call_id: str = ""
+    tool_arguments: Any = None
+    tool_result: Any = None
+    input_tokens: Optional[int] = None
+    output_tokens: Optional[int] = None
+    error_type: str = ""
+    context_window: Optional[int] = None
+
+
+_TEXT_CONCEPTS = ("conversation", "user", "agent", "model", "provider", "tool_name", "tool_call_id", "error_type")
+_NUMBER_CONCEPTS = ("input_tokens", "output_tokens", "context_window")
+
+
+def _text(value: Any) -> str:
+    if value is None or isinstance(value, (dict, list)):
+        return ""
+    text = str(value).strip()
+    return "" if text in EMPTY_VALUES else text
+
+
+def _number(value: Any) -> Optional[int]:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str) and value.isdigit() and len(value) < 19:
+        return int(value)
+    return None
+
+
+def _matches(rule: Rule, source: Mapping[str, Any]) -> Any:
+    if rule.when is not None and str(source.get(rule.when[0], "")) != rule.when[1]:
+        return None
+    value = source.get(rule.key)
+    if value is None or value == "":
+        return None
+    if rule.values is not None:
+        name = str(value)
+        return rule.values.get(name) or (rule.values.get(ANY) if ANY in rule.values else None)
+    return value
+
+
+def rules_for(concept: str) -> tuple[Rule, ...]:
+    return tuple(rule for rule in RULES if rule.concept == concept)
+
+
+_BY_CONCEPT = {concept: rules_for(concept) for concept in dict.fromkeys(rule.concept for rule in RULES)}
+
+
+def value_of(concept: str, attributes: Mapping[str, Any], resource: Optional[Mapping[str, Any]] = None) -> Any:
+    """The first value a rule of ``concept`` finds: span attributes by every rule,
+    then the resource's by the rules that allow it."""
+    rules = _BY_CONCEPT.get(concept, ())
+    for rule in rules:
+        value = _matches(rule, attributes)
+        if value is not None and (concept not in _TEXT_CONCEPTS or _text(value)):
+            return value
+    if resource:
+        for rule in rules:
+            if rule.resource:
+                value = _matches(rule, resource)
+                if value is not None and _text(value):
+                    return value
+    return None
+
+
+def text_of(concept: str, attributes: Mapping[str, Any], resource: Optional[Mapping[str, Any]] = None) -> str:
+    """``value_of`` as text ("" when absent or not a scalar): what a column stores."""
+    return _text(value_of(concept, attributes, resource))
+
+
+def span_facts(
+    attributes: Mapping[str, Any], resource: Optional[Mapping[str, Any]] = None,
+    events: Optional[Iterable[Mapping[str, Any]]] = None,
+) -> SpanFacts:
+    """Read one span through the table."""
+    attributes = attributes if isinstance(attributes, Mapping) else {}
+    resource = resource if isinstance(resource, Mapping) else None
+    facts = SpanFacts()
+    for concept in _TEXT_CONCEPTS:
+        setattr(facts, concept, _text(value_of(concept, attributes, resource)))
+    for concept in _NUMBER_CONCEPTS:
+        setattr(facts, concept, _number(value_of(concept, attributes, resource)))
+    facts.operation = value_of("operation", attributes) or ""
+    facts.tool_arguments = value_of("tool_arguments", attributes)
+    facts.tool_result = value_of("tool_result", attributes)
+    if not facts.error_type and events:
+        for event in events:
+            if isinstance(event, Mapping) and event.get("name") == "exception":
+                event_attributes = event.get("attributes")
+                if isinstance(event_attributes, Mapping):
+                    facts.error_type = _text(event_attributes.get("exception.type"))
+                    break
+    return facts
+
+
+def is_genai(attributes: Mapping[str, Any], resource: Optional[Mapping[str, Any]] = None) -> bool:
+    """Whether any rule reads something from this span."""
+    if not KEYS.isdisjoint(attributes) or (resource and not KEYS.isdisjoint(resource)):
+        return True
+    return any(key.startswith(MESSAGE_PREFIXES) for key in attributes)
+
+
+# --- messages ------------------------------------------------------------------------
+
+_ROLES = {"human": "user", "ai": "assistant", "model": "assistant", "function": "tool"}
+
+
+def _role(value: Any) -> str:
+    role = _text(value).lower()
+    return _ROLES.get(role, role)[:16]
+
+
+def _clip(text: Any) -> str:
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        text = json.dumps(text, ensure_ascii=False)
+    return text[:TEXT_LIMIT]
+
+
+def _json_or_text(value: Any) -> Any:
+    """Arguments as an object when they are JSON text of one."""
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return value
+        return parsed
+    return value
+
+
+def _parts_messages(raw: Any) -> list[MessageFact]:
+    """The GenAI JSON form: [{"role", "parts": [{"type": "text", "content"},
+    {"type": "tool_call", "id", "name", "arguments"}, {"type": "tool_call_response", "id", "response"}]}]."""
+    document = _json_or_text(raw)
+    if not isinstance(document, list):
+        return []
+    messages = []
+    for item in document:
+        if not isinstance(item, Mapping):
+            continue
+        message = MessageFact(role=_role(item.get("role")), name=_text(item.get("name"))[:200])
+        texts = []
+        parts = item.get("parts")
+        if isinstance(parts, list):
+            for part in parts:
+                if not isinstance(part, Mapping):
+                    continue
+                kind = part.get("type")
+                if kind == "text" or (kind is None and "content" in part):
+                    texts.append(_clip(part.get("content")))
+                elif kind == "tool_call":
+                    message.tool_calls.append(ToolCallFact(
+                        _text(part.get("id")), _text(part.get("name")), _json_or_text(part.get("arguments"))
+                    ))
+                elif kind == "tool_call_response":
+                    message.tool_call_id = _text(part.get("id"))
+                    texts.append(_clip(part.get("response")))
+        elif "content" in item:
+            texts.append(_clip(item.get("content")))
+        message.content = "\n".join(text for text in texts if text)[:TEXT_LIMIT]
+        messages.append(message)
+    return messages
+
+
+_INDEX = re.compile(r"(\d+)\.(.+)")
+
+
+def _indexed(attributes: Mapping[str, Any], prefix: str) -> dict[int, dict[str, Any]]:
+    """{"p.0.role": x, "p.0.content": y} -> {0: {"role": x, "content": y}}."""
+    found: dict[int, dict[str, Any]] = {}
+    start = prefix + "."
+    for key, value in attributes.items():
+        if key.startswith(start):
+            match = _INDEX.fullmatch(key[len(start):])
+            if match and len(match.group(1)) < 6:
+                found.setdefault(int(match.group(1)), {})[match.group(2)] = value
+    return dict(sorted(found.items()))
+
+
+def _indexed_messages(attributes: Mapping[str, Any], prefix: str, shape: str) -> list[MessageFact]:
+    lead = "message." if shape == OPENINFERENCE_INDEXED else ""
+    call = "tool_call." if shape == OPENINFERENCE_INDEXED else ""
+    messages = []
+    for fields in _indexed(attributes, prefix).values():
+        message = MessageFact(
+            role=_role(fields.get(lead + "role")),
+            content=_clip(fields.get(lead + "content")) if fields.get(lead + "content") is not None else "",
+            name=_text(fields.get(lead + "name"))[:200],
+            tool_call_id=_text(fields.get(lead + "tool_call_id")),
+        )
+        calls = _indexed({k: v for k, v in fields.items()}, lead + "tool_calls")
+        for each in calls.values():
+            message.tool_calls.append(ToolCallFact(
+                _text(each.get(call + "id")),
+                _text(each.get(call + "function.name") if call else each.get("name")),
+                _json_or_text(each.get(call + "function.arguments") if call else each.get("arguments")),
+            ))
+        messages.append(message)
+    return messages
+
+
+def messages_of(concept: str, attributes: Mapping[str, Any]) -> list[MessageFact]:
+    """A span's input or output messages, from the first shape it carries."""
+    if not isinstance(attributes, Mapping):
+        return []
+    for rule in MESSAGE_RULES:
+        if rule.concept != concept:
+            continue
+        if rule.shape == PARTS_JSON:
+            if attributes.get(rule.key) not in (None, ""):
+                messages = _parts_messages(attributes[rule.key])
+                if messages:
+                    return messages
+        else:
+            messages = _indexed_messages(attributes, rule.key, rule.shape)
+            if messages:
+                return messages
+    return []
+
+
+# --- the ingest's fast read -----------------------------------------------------------
+
+_LINK_CONCEPTS = ("conversation", "tool_name", "tool_call_id", "operation")
+
+
+def link_facts(attributes: Mapping[str, Any], resource: Mapping[str, Any], resource_has_keys: bool) -> tuple[str, str, str, str]:
+    """(conversation, tool name, tool call id, operation) of one span, what ingest
+    copies to columns. ``resource_has_keys``: whether the resource holds any key of
+    the table (computed once per resource by the caller). A span without any key of
+    the table costs one set test."""
+    if KEYS.isdisjoint(attributes) and not resource_has_keys:
+        return "", "", "", ""
+    conversation = _text(value_of("conversation", attributes, resource if resource_has_keys else None))
+    tool_name = _text(value_of("tool_name", attributes))
+    tool_call_id = _text(value_of("tool_call_id", attributes))
+    operation = value_of("operation", attributes) or ""
+    return conversation, tool_name, tool_call_id, operation

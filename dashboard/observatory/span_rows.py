@@ -1,0 +1,462 @@
+"""Rounds, messages and tool executions derived from spans, so a conversation that
+arrives only as spans (OpenInference, OpenLLMetry, the GenAI semantic conventions)
+is a conversation like a record-fed one: every page reads the same rows.
+
+- a model-call span (operation ``chat``) becomes a Round (one per call, numbered in
+  start order), with its new input messages and its output messages as Messages;
+- a tool span (operation ``execute_tool``) becomes a ToolExecution linked to its
+  span and to the round whose output asked for it.
+
+Derived rows say ``source="span"`` and carry a deterministic record id (uuid5 of
+project, trace, span and what), so a second pass inserts nothing twice. A pipeline
+record describing the same call wins: no round is derived in a trace that has a
+record round, no tool execution for a call id a record holds, and a derived row
+that a record arrives for later is deleted (the record takes over its span link),
+so nothing is counted twice.
+
+Incremental: a pass reads the ids of the conversation's model-call and tool spans
+(the ``operation`` column, set at ingest), and loads the attributes of only those
+not derived yet, in chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import defaultdict
+from datetime import datetime
+from typing import Any, Iterable
+
+from django.db import transaction
+from django.db.models import Max, Q
+
+from . import conventions
+from .conventions import CHAT, EXECUTE_TOOL, MessageFact, span_facts
+from .models import Message, Round, Source, Span, ToolExecution
+
+NAMESPACE = uuid.UUID("6f1d1c2e-5b0a-4c1e-9d3c-7a7f0e6b5a10")
+CHUNK = 500
+MESSAGES_PER_ROUND = 1000  # a derived message's index is round index x this + its position
+ERROR = 2
+_ID_MAX = 200
+
+
+def record_id(project_id: int, trace_id: str, span_id: str, what: str) -> uuid.UUID:
+    return uuid.uuid5(NAMESPACE, f"{project_id}/{trace_id}/{span_id}/{what}")
+
+
+def span_rows_derive(*, project_id: int, conversation_ids: Iterable[int]) -> set[datetime]:
+    """Derive what is new in these conversations; returns the hours whose tool
+    rollups changed (new or removed tool executions). A fixed number of grouped
+    queries per CHUNK conversations, and per CHUNK new spans."""
+    ids = sorted(set(conversation_ids))
+    hours: set[datetime] = set()
+    for start in range(0, len(ids), CHUNK):
+        hours |= _conversations(project_id, ids[start:start + CHUNK])
+    return hours
+
+
+def _hour(moment: datetime) -> datetime:
+    from .services import hour_of
+
+    return hour_of(moment)
+
+
+def _conversations(project_id: int, ids: list[int]) -> set[datetime]:
+    hours: set[datetime] = set()
+    candidates = list(
+        Span.objects.filter(conversation_id__in=ids, operation__in=(CHAT, EXECUTE_TOOL))
+        .order_by("start_time", "id").values_list("id", "trace_id", "span_id", "operation", "tool_call_id")
+    )
+    traces = {row[1] for row in candidates}
+    record_traces = set(
+        Round.objects.filter(project_id=project_id, trace_id__in=traces, source=Source.RECORD)
+        .values_list("trace_id", flat=True)
+    ) if traces else set()
+    calls = {row[4] for row in candidates if row[4]}
+    record_calls = set(
+        ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD, tool_call_id__in=calls)
+        .values_list("tool_call_id", flat=True)
+    ) if calls else set()
+    tool_spans = [row[0] for row in candidates if row[3] == EXECUTE_TOOL]
+    record_spans = set(
+        ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD, linked_span_id__in=tool_spans)
+        .values_list("linked_span_id", flat=True)
+    ) if tool_spans else set()
+    derived = set(Round.objects.filter(conversation_id__in=ids, source=Source.SPAN)
+                  .values_list("record_id", flat=True))
+    derived |= set(ToolExecution.objects.filter(conversation_id__in=ids, source=Source.SPAN)
+                   .values_list("record_id", flat=True))
+    new_rounds, new_tools = [], []
+    for pk, trace_id, span_id, operation, call_id in candidates:
+        if operation == CHAT:
+            if trace_id not in record_traces and record_id(project_id, trace_id, span_id, "round") not in derived:
+                new_rounds.append(pk)
+        elif call_id not in record_calls and pk not in record_spans:
+            if record_id(project_id, trace_id, span_id, "tool") not in derived:
+                new_tools.append(pk)
+
+    with transaction.atomic():
+        _records_win(project_id, ids, record_traces, hours)
+        renumber: set[int] = set()
+        for start in range(0, len(new_rounds), CHUNK):
+            renumber |= _rounds_from(project_id, new_rounds[start:start + CHUNK])
+        _renumber(sorted(renumber))
+        calls_by = _calls_by_round(ids)
+        for start in range(0, len(new_tools), CHUNK):
+            hours |= _tools_from(project_id, new_tools[start:start + CHUNK], calls_by)
+        _assign_rounds(ids, calls_by)
+        _user_from_naming_spans(ids)
+    return hours
+
+
+USER_SPANS = 20  # naming spans read for the user per conversation that has none, at most
+
+
+def _user_from_naming_spans(ids: list[int]) -> None:
+    """The user, when no round says it: from the spans that name the conversation
+    (an agent's root span often carries user and session, its model calls neither)."""
+    from .models import Conversation
+
+    missing = list(Conversation.objects.filter(pk__in=ids, user_id="").values_list("pk", flat=True))
+    if not missing:
+        return
+    found: dict[int, str] = {}
+    for conversation_id, attributes, resource in (
+        Span.objects.filter(conversation_id__in=missing).exclude(conversation_key="")
+        .order_by("conversation_id", "start_time")
+        .values_list("conversation_id", "attributes", "resource")[:USER_SPANS * len(missing)]
+    ):
+        if conversation_id not in found:
+            user = span_facts(attributes, resource).user
+            if user:
+                found[conversation_id] = user[:_ID_MAX]
+    for conversation_id, user in found.items():
+        Conversation.objects.filter(pk=conversation_id, user_id="").update(user_id=user)
+
+
+# --- a pipeline record wins -------------------------------------------------------------
+
+def _records_win(project_id: int, ids: list[int], record_traces: set[str], hours: set[datetime]) -> None:
+    if record_traces:
+        doomed = Round.objects.filter(conversation_id__in=ids, source=Source.SPAN, trace_id__in=record_traces)
+        gone = list(doomed.values_list("conversation_id", "round_id"))
+        if gone:
+            for conversation_id in {c for c, _ in gone}:
+                Message.objects.filter(conversation_id=conversation_id, source=Source.SPAN,
+                                       round_id__in=[r for c, r in gone if c == conversation_id]).delete()
+            doomed.delete()
+    derived_calls = {
+        call: (pk, span_pk, occurred)
+        for pk, call, span_pk, occurred in ToolExecution.objects.filter(
+            conversation_id__in=ids, source=Source.SPAN
+        ).exclude(tool_call_id="").values_list("id", "tool_call_id", "linked_span_id", "occurred_at")
+    }
+    if not derived_calls:
+        return
+    records = list(ToolExecution.objects.filter(
+        project_id=project_id, source=Source.RECORD, tool_call_id__in=list(derived_calls)
+    ).values_list("id", "tool_call_id", "linked_span_id"))
+    for record_pk, call, linked in records:
+        pk, span_pk, occurred = derived_calls[call]
+        if linked is None and span_pk is not None:
+            ToolExecution.objects.filter(pk=record_pk).update(linked_span_id=span_pk)
+        ToolExecution.objects.filter(pk=pk).delete()
+        hours.add(_hour(occurred))
+
+
+# --- rounds and messages ------------------------------------------------------------------
+
+_SPAN_FIELDS = ("id", "conversation_id", "trace_id", "span_id", "start_time", "end_time", "duration_ms", "status_code",
+                "status_message", "attributes", "events", "resource", "tool_name", "tool_call_id")
+
+
+def _round_id(span_id: str) -> str:
+    return f"span-{span_id}"
+
+
+def _new_turn(inputs: list[MessageFact]) -> list[MessageFact]:
+    """The input messages after the last assistant message: what is new since the
+    previous model call (the whole input for the first one)."""
+    last = max((i for i, message in enumerate(inputs) if message.role == "assistant"), default=-1)
+    return inputs[last + 1:]
+
+
+def _args(arguments: Any) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    if arguments in (None, ""):
+        return {}
+    return {"input": arguments}
+
+
+def _tool_calls(message: MessageFact) -> list[dict[str, Any]]:
+    return [{"id": call.id[:_ID_MAX], "name": call.name[:_ID_MAX], "args": _args(call.arguments)}
+            for call in message.tool_calls]
+
+
+def _rounds_from(project_id: int, span_pks: list[int]) -> set[int]:
+    """Rounds and messages of these model-call spans; returns their conversations."""
+    from .services import insert_ignoring_conflicts
+
+    rounds, messages, conversations = [], [], set()
+    for span in Span.objects.filter(pk__in=span_pks).only(*_SPAN_FIELDS):
+        conversation_id = span.conversation_id
+        conversations.add(conversation_id)
+        facts = span_facts(span.attributes, span.resource, span.events)
+        inputs = conventions.messages_of("input_messages", span.attributes)
+        outputs = conventions.messages_of("output_messages", span.attributes)
+        turn = _new_turn(inputs)
+        user_message = next((m.content for m in reversed(turn) if m.role == "user" and m.content), "")
+        answer = next((m for m in outputs if m.role in ("assistant", "")), None)
+        calls = answer is not None and bool(answer.tool_calls)
+        round_id = _round_id(span.span_id)
+        common = dict(project_id=project_id, conversation_id=conversation_id, occurred_at=span.start_time,
+                      source=Source.SPAN)
+        context = facts.input_tokens or 0
+        rounds.append(dict(
+            **common, record_id=record_id(project_id, span.trace_id, span.span_id, "round"),
+            round_id=round_id, index=0, trace_id=span.trace_id, span_id=span.span_id,
+            model=facts.model[:_ID_MAX], user_id=facts.user[:_ID_MAX], user_message=user_message,
+            thoughts=[answer.content] if calls and answer.content else [],
+            final_answer=answer.content if answer is not None and not calls and answer.content else None,
+            status="error" if _failed(span, facts) else "ok",
+            context_tokens=context, derived_context_tokens=context, context_window=facts.context_window,
+            input_tokens=facts.input_tokens or 0, output_tokens=facts.output_tokens or 0,
+            started_at=span.start_time, ended_at=span.end_time,
+        ))
+        for position, (direction, message) in enumerate(
+            [("in", m) for m in turn] + [("out", m) for m in outputs]
+        ):
+            if position >= MESSAGES_PER_ROUND:
+                break
+            messages.append(dict(
+                **common, record_id=record_id(project_id, span.trace_id, span.span_id, f"{direction}{position}"),
+                round_id=round_id, index=position, role=message.role or "assistant", content=message.content,
+                name=message.name, tool_calls=_tool_calls(message), tool_call_id=message.tool_call_id[:_ID_MAX],
+            ))
+    insert_ignoring_conflicts(Round, rounds)
+    insert_ignoring_conflicts(Message, messages)
+    return conversations
+
+
+def _renumber(conversation_ids: list[int]) -> None:
+    """Number the derived rounds of these conversations in start order (after any
+    record rounds), and their messages with them."""
+    from .derivations import update_rows
+
+    if not conversation_ids:
+        return
+    offsets = dict(
+        Round.objects.filter(conversation_id__in=conversation_ids, source=Source.RECORD)
+        .values("conversation_id").order_by().annotate(last=Max("index")).values_list("conversation_id", "last")
+    )
+    changed, moved = [], {}
+    position: dict[int, int] = defaultdict(int)
+    for round_ in (
+        Round.objects.filter(conversation_id__in=conversation_ids, source=Source.SPAN)
+        .order_by("conversation_id", "started_at", "id").only("id", "conversation_id", "index", "round_id")
+    ):
+        conversation_id = round_.conversation_id
+        index = offsets.get(conversation_id, -1) + 1 + position[conversation_id]
+        position[conversation_id] += 1
+        if round_.index != index:
+            moved[(conversation_id, round_.round_id)] = index
+            round_.index = index
+            changed.append(round_)
+    update_rows(Round, changed, ["index"])
+    if moved:
+        messages = list(Message.objects.filter(
+            conversation_id__in={c for c, _ in moved}, source=Source.SPAN, round_id__in={r for _, r in moved}
+        ).only("id", "conversation_id", "index", "round_id"))
+        changed_messages = []
+        for message in messages:
+            index = moved.get((message.conversation_id, message.round_id))
+            if index is not None:
+                message.index = index * MESSAGES_PER_ROUND + message.index % MESSAGES_PER_ROUND
+                changed_messages.append(message)
+        update_rows(Message, changed_messages, ["index"])
+
+
+# --- tool executions -----------------------------------------------------------------------
+
+def _calls_by_round(conversation_ids: list[int]) -> dict[str, Any]:
+    """What the derived rounds asked for: (conversation, call id) -> (round id, name,
+    args), and per (conversation, trace) the rounds in start order (for tool spans
+    that name no call id)."""
+    by_call: dict[tuple[int, str], tuple[str, str, dict[str, Any]]] = {}
+    for conversation_id, round_id, tool_calls in Message.objects.filter(
+        conversation_id__in=conversation_ids, source=Source.SPAN, role="assistant"
+    ).exclude(tool_calls=[]).values_list("conversation_id", "round_id", "tool_calls"):
+        for call in tool_calls if isinstance(tool_calls, list) else []:
+            if isinstance(call, dict) and call.get("id"):
+                by_call.setdefault((conversation_id, call["id"]),
+                                   (round_id, call.get("name", ""), call.get("args") or {}))
+    rounds_by_trace: dict[tuple[int, str], list[tuple[datetime, str]]] = defaultdict(list)
+    for conversation_id, trace_id, started_at, round_id in Round.objects.filter(
+        conversation_id__in=conversation_ids, source=Source.SPAN
+    ).order_by("started_at").values_list("conversation_id", "trace_id", "started_at", "round_id"):
+        rounds_by_trace[(conversation_id, trace_id)].append((started_at, round_id))
+    return {"by_call": by_call, "by_trace": rounds_by_trace}
+
+
+def _round_before(calls: dict[str, Any], conversation_id: int, trace_id: str, moment: datetime) -> str:
+    found = ""
+    for started_at, round_id in calls["by_trace"].get((conversation_id, trace_id), []):
+        if started_at is not None and started_at <= moment:
+            found = round_id
+    return found
+
+
+def _langchain_tool_message(value: Any) -> tuple[Any, str]:
+    """LangChain instrumentations put a serialised ToolMessage in the result; its
+    content and tool_call_id are what the tool returned and which call it answered."""
+    document = value
+    if isinstance(value, str):
+        try:
+            document = json.loads(value)
+        except ValueError:
+            return value, ""
+    if isinstance(document, dict):
+        for path in (("data",), ("kwargs",), ("output", "kwargs"), ("output",)):
+            node: Any = document
+            for step in path:
+                node = node.get(step) if isinstance(node, dict) else None
+            if isinstance(node, dict) and "content" in node and ("tool_call_id" in node or node.get("type") == "tool"):
+                return node.get("content"), str(node.get("tool_call_id") or "")
+    return value, ""
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> set[datetime]:
+    from .services import insert_ignoring_conflicts
+
+    spans = list(Span.objects.filter(pk__in=span_pks).order_by("start_time", "id").only(*_SPAN_FIELDS))
+    rows, hours = [], set()
+    used = _used_calls({s.conversation_id for s in spans})
+    by_call = calls["by_call"]
+    read = []
+    for span in spans:
+        facts = span_facts(span.attributes, span.resource, span.events)
+        result, answered = _langchain_tool_message(facts.tool_result)
+        read.append((span, facts, result, facts.tool_call_id or answered))
+    # Spans that name their call first: a guess by name must not take a call that
+    # another span of the batch answers.
+    read.sort(key=lambda item: (not item[3], item[0].start_time, item[0].pk))
+    for span, facts, result, call_id in read:
+        conversation_id = span.conversation_id
+        name = facts.tool_name or span.tool_name
+        if call_id and (conversation_id, call_id) in by_call:
+            round_id = by_call[(conversation_id, call_id)][0]
+        else:
+            round_id = _round_before(calls, conversation_id, span.trace_id, span.start_time)
+            if not call_id:
+                call_id = _only_open_call(calls, used, conversation_id, round_id, name)
+        if call_id and (conversation_id, call_id) in used:
+            continue  # a record or another span already holds this call
+        if call_id:
+            used.add((conversation_id, call_id))
+        found = by_call.get((conversation_id, call_id))
+        arguments = found[2] if found else _args(facts.tool_arguments)
+        failed = _failed(span, facts)
+        attributes = span.attributes if isinstance(span.attributes, dict) else {}
+        level = attributes.get("ba.output_level")
+        rows.append(dict(
+            project_id=project_id, conversation_id=conversation_id, occurred_at=span.start_time,
+            source=Source.SPAN, record_id=record_id(project_id, span.trace_id, span.span_id, "tool"),
+            round_id=round_id, trace_id=span.trace_id, span_id=span.span_id, linked_span_id=span.pk,
+            tool_name=(name or "unknown")[:_ID_MAX], parameters=arguments if isinstance(arguments, dict) else {},
+            model="", tool_call_id=call_id[:256], observation=_text(result)[: conventions.TEXT_LIMIT],
+            output_level=level if level in ("brief", "standard", "full") else "",
+            retry_count=_count(attributes.get("ba.retry_count")),
+            cache_hit=attributes.get("ba.cache_hit") in (True, 1, "true"),
+            observation_tokens=_count(attributes.get("ba.observation_tokens")),
+            success=not failed, error_type=(facts.error_type or ("error" if failed else ""))[:200],
+            error_message=_error_message(span) if failed else "", duration_ms=span.duration_ms,
+        ))
+        hours.add(_hour(span.start_time))
+    insert_ignoring_conflicts(ToolExecution, rows)
+    return hours
+
+
+def _used_calls(conversation_ids: Iterable[int]) -> set[tuple[int, str]]:
+    return set(
+        ToolExecution.objects.filter(conversation_id__in=list(conversation_ids))
+        .exclude(tool_call_id="").values_list("conversation_id", "tool_call_id")
+    )
+
+
+def _only_open_call(calls: dict[str, Any], used: set[tuple[int, str]], conversation_id: int, round_id: str,
+                    name: str) -> str:
+    """The round's one call of this tool that nothing answers yet; "" when there
+    are none or several (two parallel calls of a tool: wait until the other one's
+    span names its call)."""
+    if not round_id:
+        return ""
+    open_calls = [call for (conversation, call), (found_round, found_name, _) in calls["by_call"].items()
+                  if conversation == conversation_id and found_round == round_id and found_name == name
+                  and (conversation_id, call) not in used]
+    return open_calls[0] if len(open_calls) == 1 else ""
+
+
+ERROR_MESSAGE_LIMIT = 2000
+
+
+def _error_message(span: Span) -> str:
+    """The exception event's message, else the status message's first line: what
+    went wrong, not the stack trace some instrumentations append to the status."""
+    for event in span.events if isinstance(span.events, list) else []:
+        if isinstance(event, dict) and event.get("name") == "exception":
+            attributes = event.get("attributes")
+            message = attributes.get("exception.message") if isinstance(attributes, dict) else None
+            if isinstance(message, str) and message.strip():
+                return message.strip()[:ERROR_MESSAGE_LIMIT]
+    return (span.status_message or "").strip().split("\n", 1)[0][:ERROR_MESSAGE_LIMIT]
+
+
+def _failed(span: Span, facts: Any) -> bool:
+    """Status ERROR, or an error type (the GenAI conventions set error.type on failure)."""
+    return span.status_code == ERROR or bool(facts.error_type)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _assign_rounds(conversation_ids: list[int], calls: dict[str, Any]) -> None:
+    """Derived tool executions stored before their round, or whose call was not
+    known yet (batches come in any order), get them now, with the arguments the
+    model's call gave."""
+    from .derivations import update_rows
+
+    waiting = list(
+        ToolExecution.objects.filter(conversation_id__in=conversation_ids, source=Source.SPAN)
+        .filter(Q(round_id="") | Q(tool_call_id="")).order_by("occurred_at", "id")
+        .only("id", "conversation_id", "tool_call_id", "tool_name", "trace_id", "occurred_at", "round_id",
+              "parameters")
+    )
+    if not waiting:
+        return
+    used = _used_calls({execution.conversation_id for execution in waiting})
+    changed = []
+    for execution in waiting:
+        conversation_id = execution.conversation_id
+        found = calls["by_call"].get((conversation_id, execution.tool_call_id))
+        round_id = execution.round_id or (found[0] if found else _round_before(
+            calls, conversation_id, execution.trace_id, execution.occurred_at))
+        call_id = execution.tool_call_id or _only_open_call(calls, used, conversation_id, round_id,
+                                                            execution.tool_name)
+        if (round_id, call_id) == (execution.round_id, execution.tool_call_id):
+            continue
+        execution.round_id, execution.tool_call_id = round_id, call_id
+        used.add((conversation_id, call_id))
+        found = calls["by_call"].get((conversation_id, call_id))
+        if found and isinstance(found[2], dict):
+            execution.parameters = found[2]
+        changed.append(execution)
+    update_rows(ToolExecution, changed, ["round_id", "tool_call_id", "parameters"])

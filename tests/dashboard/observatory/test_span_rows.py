@@ -1,0 +1,305 @@
+"""Conversations from spans alone, through the real ingest path (OTLP JSON posted to
+/v1/traces) and the real outbox: late linking in either order, rounds, messages and
+tool executions derived once, a pipeline record winning, tool statistics counting
+every call exactly once, and figures equal to a recomputation from the spans."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from dashboard.accounts.services import apikey_create, project_create
+from dashboard.observatory import span_rows
+from dashboard.observatory.models import (
+    Conversation,
+    DerivationNote,
+    Message,
+    Round,
+    Source,
+    Span,
+    ToolExecution,
+    ToolHourlyRollup,
+)
+from dashboard.observatory.outbox import outbox_drain_all
+from dashboard.observatory.selectors import tool_stats
+
+pytestmark = pytest.mark.django_db
+
+TRACE = "ab" * 16
+NOW = (time.time_ns() // 3_600_000_000_000 - 1) * 3_600_000_000_000  # the start of the hour before this one
+
+
+@pytest.fixture
+def project_key():
+    project = project_create(name="Spans only")
+    _, key = apikey_create(project=project)
+    return project, {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+
+
+def value(v):
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    return {"stringValue": v if isinstance(v, str) else json.dumps(v)}
+
+
+def span(span_id: str, name: str, *, parent: str = "", at_ms: int = 0, ms: int = 100, trace: str = TRACE,
+         error: bool = False, **attributes) -> dict:
+    return {
+        "traceId": trace, "spanId": span_id, "parentSpanId": parent, "name": name,
+        "startTimeUnixNano": str(NOW + at_ms * 1_000_000), "endTimeUnixNano": str(NOW + (at_ms + ms) * 1_000_000),
+        "status": {"code": 2, "message": "it broke"} if error else {},
+        "attributes": [{"key": k.replace("__", "."), "value": value(v)} for k, v in attributes.items()],
+    }
+
+
+def send(client, auth, *spans: dict, drain: bool = True) -> None:
+    body = json.dumps({"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "agent"}}]}, "scopeSpans": [{"spans": list(spans)}]}]})
+    response = client.post("/v1/traces", body, content_type="application/json", **auth)
+    assert response.status_code == 200, response.content
+    if drain:
+        outbox_drain_all()
+
+
+def agent_spans(conversation: str = "conv-s") -> dict[str, dict]:
+    """An OpenInference-shaped agent run: two model calls and a tool call between."""
+    messages_in = [{"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]}]
+    call = [{"role": "assistant", "parts": [{"type": "tool_call", "id": "call_1", "name": "weather",
+                                             "arguments": {"city": "Paris"}}]}]
+    return {
+        "root": span("1" * 16, "agent", at_ms=0, ms=1000, session__id=conversation, user__id="ana",
+                     openinference__span__kind="AGENT"),
+        "llm0": span("2" * 16, "llm", parent="1" * 16, at_ms=10, ms=200, openinference__span__kind="LLM",
+                     llm__model_name="gpt-4o", llm__token_count__prompt=20, llm__token_count__completion=5,
+                     gen_ai__input__messages=messages_in, gen_ai__output__messages=call),
+        "tool": span("3" * 16, "weather", parent="1" * 16, at_ms=300, ms=50, openinference__span__kind="TOOL",
+                     tool__name="weather", input__value="Paris",
+                     output__value=json.dumps({"type": "tool", "data": {"content": "sunny", "tool_call_id": "call_1"}})),
+        "llm1": span("4" * 16, "llm", parent="1" * 16, at_ms=400, ms=300, openinference__span__kind="LLM",
+                     llm__model_name="gpt-4o", llm__token_count__prompt=40, llm__token_count__completion=7,
+                     llm__input_messages__0__message__role="user",
+                     llm__input_messages__0__message__content="Weather in Paris?",
+                     llm__input_messages__1__message__role="assistant",
+                     llm__input_messages__2__message__role="tool",
+                     llm__input_messages__2__message__content="sunny",
+                     llm__output_messages__0__message__role="assistant",
+                     llm__output_messages__0__message__content="Sunny."),
+    }
+
+
+def check_whole(project, conversation: Conversation) -> None:
+    conversation.refresh_from_db()
+    assert (conversation.rounds, conversation.input_tokens, conversation.output_tokens) == (2, 60, 12)
+    assert (conversation.tool_calls, conversation.user_id, conversation.model) == (1, "ana", "gpt-4o")
+    rounds = list(Round.objects.filter(conversation=conversation).order_by("index"))
+    assert [(r.index, r.span_id, r.source) for r in rounds] == [(0, "2" * 16, Source.SPAN), (1, "4" * 16, Source.SPAN)]
+    assert rounds[0].user_message == "Weather in Paris?" and rounds[1].final_answer == "Sunny."
+    execution = ToolExecution.objects.get(conversation=conversation)
+    assert (execution.tool_call_id, execution.parameters, execution.observation) == (
+        "call_1", {"city": "Paris"}, "sunny")
+    assert execution.round_id == rounds[0].round_id and execution.linked_span.span_id == "3" * 16
+    assert not Span.objects.filter(project=project, conversation__isnull=True).exists()
+
+
+@pytest.mark.parametrize("order", [
+    ("llm0", "tool", "llm1", "root"),  # children first, the naming span last (BatchSpanProcessor)
+    ("root", "llm0", "tool", "llm1"),  # the naming span first, children later
+    ("llm1", "root", "tool", "llm0"),  # any order: a later round before an earlier one
+])
+def test_it_builds_the_whole_conversation_in_any_batch_order(client, project_key, order):
+    project, auth = project_key
+    spans = agent_spans()
+    for name in order:
+        send(client, auth, spans[name])
+    check_whole(project, Conversation.objects.get(project=project, external_id="conv-s"))
+
+
+def test_it_links_late_spans_from_the_outbox_by_trace_not_by_a_rescan(client, project_key):
+    project, auth = project_key
+    spans = agent_spans()
+    send(client, auth, spans["llm0"], spans["tool"], drain=False)
+    (note,) = DerivationNote.objects.filter(project=project)
+    assert note.trace_ids == [TRACE]  # what the outbox will link, nothing else
+    outbox_drain_all()
+    assert Span.objects.filter(project=project, conversation__isnull=True).count() == 2  # nobody named it yet
+    send(client, auth, spans["root"])
+    assert Span.objects.filter(project=project, conversation__isnull=True).count() == 0
+
+
+def test_it_derives_each_row_once_whatever_is_replayed(client, project_key):
+    project, auth = project_key
+    spans = agent_spans()
+    for _ in range(2):  # a retried batch
+        send(client, auth, *spans.values())
+    conversation = Conversation.objects.get(project=project, external_id="conv-s")
+    counts = (Round.objects.count(), Message.objects.count(), ToolExecution.objects.count())
+    span_rows.span_rows_derive(project_id=project.pk, conversation_ids=[conversation.pk])  # a pass again
+    Round.objects.update(index=7)  # even a disturbed numbering is put back
+    span_rows._renumber([conversation.pk])
+    assert (Round.objects.count(), Message.objects.count(), ToolExecution.objects.count()) == counts
+    # user, assistant(tool call) in round 0; tool, assistant(answer) in round 1
+    assert list(Message.objects.order_by("index").values_list("role", flat=True)) == [
+        "user", "assistant", "tool", "assistant"]
+    check_whole(project, conversation)
+
+
+def test_it_counts_a_tool_call_once_when_a_record_arrives_later(client, project_key, records):
+    project, auth = project_key
+    send(client, auth, *agent_spans().values())
+    assert tool_stats(project)[0].calls == 1
+    record = records.tool_result(conversation="conv-s", tool="weather", result={"tool_call_id": "call_1"})
+    response = client.post("/api/v1/records", {"records": [record]}, content_type="application/json", **auth)
+    assert response.status_code in (200, 202), response.content
+    outbox_drain_all()
+    (execution,) = ToolExecution.objects.filter(project=project)
+    assert execution.source == Source.RECORD and execution.linked_span.span_id == "3" * 16  # the span links to it
+    assert sum(s.calls for s in tool_stats(project)) == 1
+    assert ToolHourlyRollup.objects.filter(project=project).count() <= 2
+
+
+def test_it_derives_no_tool_call_a_record_already_holds(client, project_key, records):
+    project, auth = project_key
+    record = records.tool_result(conversation="conv-s", tool="weather", result={"tool_call_id": "call_1"})
+    client.post("/api/v1/records", {"records": [record]}, content_type="application/json", **auth)
+    outbox_drain_all()
+    spans = agent_spans()
+    spans["tool"]["attributes"].append({"key": "gen_ai.tool.call.id", "value": {"stringValue": "call_1"}})
+    send(client, auth, *spans.values())
+    assert list(ToolExecution.objects.values_list("source", flat=True)) == [Source.RECORD]
+    assert sum(s.calls for s in tool_stats(project, tool_name="weather")) == 1
+
+
+def test_it_leaves_the_rounds_of_a_trace_to_its_round_records(client, project_key, records):
+    project, auth = project_key
+    send(client, auth, *agent_spans().values())
+    assert Round.objects.filter(source=Source.SPAN).count() == 2
+    batch = [records.round(conversation="conv-s", index=0, trace_id=TRACE, input_tokens=100, output_tokens=1)]
+    client.post("/api/v1/records", {"records": batch}, content_type="application/json", **auth)
+    outbox_drain_all()
+    conversation = Conversation.objects.get(project=project, external_id="conv-s")
+    assert list(Round.objects.values_list("source", flat=True)) == [Source.RECORD]
+    assert not Message.objects.filter(source=Source.SPAN).exists()
+    assert (conversation.rounds, conversation.input_tokens) == (1, 100)  # never both
+
+
+def test_it_counts_tool_spans_of_every_convention_exactly_once(client, project_key):
+    project, auth = project_key
+    send(client, auth, *agent_spans().values())  # OpenInference, in a conversation: derived
+    send(client, auth,
+         span("5" * 16, "execute_tool weather", trace="cd" * 16, gen_ai__tool__name="weather",
+              gen_ai__tool__call__id="call_9", error=True, error__type="timeout"),  # GenAI, no conversation
+         span("6" * 16, "weather", trace="ef" * 16, traceloop__span__kind="tool",
+              traceloop__entity__name="weather", traceloop__association__properties__session_id="tl-1"))
+    (stats,) = tool_stats(project, tool_name="weather")
+    assert (stats.calls, stats.errors, dict(stats.error_types)) == (3, 1, {"timeout": 1})
+    tool_spans = Span.objects.filter(project=project).exclude(tool_name="")
+    assert stats.calls == tool_spans.count()
+    assert stats.duration_sum_ms == pytest.approx(sum(s.duration_ms for s in tool_spans))
+
+
+def test_it_sets_status_and_errors_from_span_status_and_error_type(client, project_key):
+    project, auth = project_key
+    spans = agent_spans("conv-e")
+    spans["tool"] = span("3" * 16, "weather", parent="1" * 16, at_ms=300, ms=50, error=True,
+                         openinference__span__kind="TOOL", tool__name="weather", exception__type="ValueError")
+    spans["llm1"]["status"] = {"code": 2}
+    send(client, auth, *spans.values())
+    conversation = Conversation.objects.get(project=project, external_id="conv-e")
+    assert (conversation.status, conversation.errors, conversation.has_errors) == ("error", 2, True)
+    failed = ToolExecution.objects.get(conversation=conversation)
+    assert (failed.success, failed.error_type, failed.error_message) == (False, "ValueError", "it broke")
+
+
+def test_it_keeps_the_error_message_and_leaves_the_stack_trace_on_the_span(client, project_key):
+    project, auth = project_key
+    spans = agent_spans("conv-m")
+    tool = span("3" * 16, "weather", parent="1" * 16, at_ms=300, ms=50, error=True,
+                openinference__span__kind="TOOL", tool__name="weather")
+    tool["status"]["message"] = "ValueError: no weather\nTraceback (most recent call last):\n  File \"/srv/app.py\""
+    spans["tool"] = tool
+    send(client, auth, *spans.values())
+    assert ToolExecution.objects.get(conversation__external_id="conv-m").error_message == "ValueError: no weather"
+    spans = agent_spans("conv-n")
+    spans["tool"] = dict(tool, spanId="5" * 16, traceId="cd" * 16, events=[{
+        "name": "exception", "timeUnixNano": "1",
+        "attributes": [{"key": "exception.message", "value": {"stringValue": "no weather under the sea"}}]}])
+    spans["root"]["traceId"] = spans["llm0"]["traceId"] = spans["llm1"]["traceId"] = "cd" * 16
+    spans["root"]["spanId"], spans["llm0"]["spanId"], spans["llm1"]["spanId"] = "6" * 16, "7" * 16, "8" * 16
+    for name in ("llm0", "llm1"):
+        spans[name]["parentSpanId"] = "6" * 16
+    spans["tool"]["parentSpanId"] = "6" * 16
+    send(client, auth, *spans.values())
+    assert ToolExecution.objects.get(conversation__external_id="conv-n").error_message == "no weather under the sea"
+
+
+def test_it_ignores_what_is_not_a_model_or_tool_call(client, project_key):
+    project, auth = project_key
+    send(client, auth,
+         span("1" * 16, "chain", session__id="conv-c", openinference__span__kind="CHAIN",
+              llm__input_messages__0__message__role="user", llm__input_messages__0__message__content="x"),
+         span("2" * 16, "GET /", parent="1" * 16, http__method="GET"))
+    conversation = Conversation.objects.get(project=project, external_id="conv-c")
+    assert (conversation.rounds, conversation.tool_calls) == (0, 0)
+    assert Span.objects.filter(conversation=conversation).count() == 2
+
+
+def test_it_links_a_trace_with_a_few_queries_whatever_its_size(client, project_key, django_assert_max_num_queries):
+    from dashboard.observatory.derivations import traces_link
+
+    project, auth = project_key
+    send(client, auth, *[span(f"{i + 2:016x}", "step", parent="1" * 16, at_ms=i) for i in range(200)])
+    send(client, auth, span("1" * 16, "agent", gen_ai__conversation__id="conv-q"), drain=False)
+    with django_assert_max_num_queries(5):  # spans by trace, rounds by trace, which wait, one UPDATE
+        (conversation_id,) = traces_link(project_id=project.pk, trace_ids=[TRACE])
+    assert Span.objects.filter(conversation_id=conversation_id).count() == 201
+    with django_assert_max_num_queries(3):  # nothing waits any more: no UPDATE
+        traces_link(project_id=project.pk, trace_ids=[TRACE])
+
+
+def test_it_takes_an_error_type_without_an_error_status_as_a_failure(client, project_key):
+    project, auth = project_key
+    spans = agent_spans("conv-t")
+    spans["tool"]["attributes"].append({"key": "error.type", "value": {"stringValue": "timeout"}})
+    send(client, auth, *spans.values())
+    failed = ToolExecution.objects.get(conversation__external_id="conv-t")
+    assert (failed.success, failed.error_type) == (False, "timeout")
+
+
+@pytest.mark.parametrize("first", ["unnamed", "named"])
+def test_it_matches_parallel_calls_of_one_tool_whichever_span_comes_first(client, project_key, first):
+    """Two calls of one tool in a round; the failed one's span names no call id (a
+    LangChain tool that raised has no ToolMessage): it takes the call the other
+    span does not answer, never the other's."""
+    project, auth = project_key
+    calls = [{"role": "assistant", "parts": [
+        {"type": "tool_call", "id": "call_a", "name": "weather", "arguments": {"city": "A"}},
+        {"type": "tool_call", "id": "call_b", "name": "weather", "arguments": {"city": "B"}}]}]
+    llm = span("2" * 16, "llm", at_ms=0, session__id="conv-p", openinference__span__kind="LLM",
+               gen_ai__output__messages=calls)
+    named = span("3" * 16, "weather", at_ms=300, openinference__span__kind="TOOL", tool__name="weather",
+                 output__value=json.dumps({"type": "tool", "data": {"content": "ok", "tool_call_id": "call_b"}}))
+    unnamed = span("4" * 16, "weather", at_ms=200, error=True, openinference__span__kind="TOOL", tool__name="weather")
+    send(client, auth, llm)
+    for each in ([unnamed, named] if first == "unnamed" else [named, unnamed]):
+        send(client, auth, each)
+    executions = {e.span_id: e for e in ToolExecution.objects.filter(conversation__external_id="conv-p")}
+    assert (executions["4" * 16].tool_call_id, executions["4" * 16].parameters) == ("call_a", {"city": "A"})
+    assert (executions["3" * 16].tool_call_id, executions["3" * 16].parameters) == ("call_b", {"city": "B"})
+    assert not executions["4" * 16].success and executions["3" * 16].success
+
+
+def test_it_derives_the_rows_of_spans_the_hourly_pass_links(client, project_key):
+    from dashboard.observatory.tasks import links_refresh
+
+    project, auth = project_key
+    spans = agent_spans("conv-beat")
+    send(client, auth, *spans.values(), drain=False)
+    DerivationNote.objects.all().delete()  # a lost note: only the hourly pass is left
+    Span.objects.update(conversation=None)
+    links_refresh(project.pk)
+    check_whole(project, Conversation.objects.get(project=project, external_id="conv-beat"))
+    assert tool_stats(project)[0].calls == 1
