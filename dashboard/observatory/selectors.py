@@ -391,12 +391,29 @@ def recent_failures(
     return list(
         qs.select_related("conversation")
         .only(
-            "id", "tool_name", "tool_call_id", "occurred_at", "error_type", "error_code",
+            "id", "tool_name", "tool_call_id", "occurred_at", "error_type", "error_code", "trace_id", "span_id",
             "error_message", "retry_count", "duration_ms", "output_level", "conversation__id",
             "conversation__external_id", "conversation__title", "conversation__project_id",
         )
         .order_by("-occurred_at")[:limit]
     )
+
+
+def recent_span_failures(
+    project: Project, *, tool_name: str, limit: int = RECENT_FAILURES,
+    since: Optional[datetime] = None, until: Optional[datetime] = None,
+) -> list[Span]:
+    """Failed tool spans outside any conversation (no tool execution describes
+    them, so ``recent_failures`` cannot list them), newest first, on the
+    span_tool_time index. Failed: status ERROR or an error type."""
+    qs = Span.objects.filter(project=project, tool_name=tool_name, conversation__isnull=True).exclude(tool_name="")
+    qs = qs.filter(Q(status_code=2) | Q(attributes__has_key="error.type"))
+    if since is not None:
+        qs = qs.filter(start_time__gte=since)
+    if until is not None:
+        qs = qs.filter(start_time__lt=until)
+    return list(qs.only("id", "trace_id", "span_id", "name", "start_time", "duration_ms", "status_message",
+                        "tool_name", "tool_call_id").order_by("-start_time")[:limit])
 
 
 # --- traces ----------------------------------------------------------------------

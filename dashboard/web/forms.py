@@ -95,3 +95,34 @@ class RangeForm(forms.Form):
     def label(self) -> str:
         value = self.cleaned_data.get("range") if self.is_valid() else None
         return value or DEFAULT_RANGE
+
+
+class TraceFilterForm(forms.Form):
+    """The trace list's filters (on each trace's root span) and its cursor."""
+
+    q = forms.CharField(required=False, max_length=200, label="Span name",
+                        widget=forms.TextInput(attrs={"data-search": "", "placeholder": "text in a span name"}))
+    service = forms.CharField(required=False, max_length=200)
+    status = forms.ChoiceField(required=False, choices=[("", "any"), ("error", "error"), ("ok", "ok"),
+                                                        ("unset", "unset")])
+    has_errors = forms.BooleanField(required=False, label="Has errors")
+    min_ms = forms.FloatField(required=False, min_value=0, max_value=1e12, label="Longer than (ms)")
+    max_ms = forms.FloatField(required=False, min_value=0, max_value=1e12, label="Shorter than (ms)")
+    since = DayOrTimeField(label="Started from")
+    until = DayOrTimeField(label="Started until")
+    conversation = forms.IntegerField(required=False, min_value=1, max_value=2**62, widget=forms.HiddenInput)
+    after = forms.CharField(required=False, max_length=64)
+    before = forms.CharField(required=False, max_length=64)
+
+    since_datetime = ConversationFilterForm.since_datetime
+    until_datetime = ConversationFilterForm.until_datetime
+
+    def clean(self) -> dict:
+        data = super().clean()
+        if self.since_datetime() and self.until_datetime() and self.since_datetime() >= self.until_datetime():
+            raise forms.ValidationError("'Started from' is after 'Started until'.")
+        if data.get("min_ms") is not None and data.get("max_ms") is not None and data["min_ms"] >= data["max_ms"]:
+            raise forms.ValidationError("'Longer than' is not below 'Shorter than'.")
+        if data.get("after") and data.get("before"):
+            raise forms.ValidationError("Use either 'after' or 'before', not both.")
+        return data

@@ -10,9 +10,8 @@ from django.utils import timezone
 
 from dashboard.accounts.models import Project
 
-# The list pages a view can be saved on: key -> URL name. The traces list joins
-# here when it exists ("traces": "web:traces").
-SAVED_VIEW_PAGES = {"conversations": "web:conversations"}
+# The list pages a view can be saved on: key -> URL name.
+SAVED_VIEW_PAGES = {"conversations": "web:conversations", "traces": "web:traces"}
 
 
 class SavedView(models.Model):

@@ -47,6 +47,7 @@ urlpatterns = [
     path(P + "artifacts/", artifacts.artifact_list, name="artifacts"),
     path(P + "artifacts/<artifact_id:artifact_id>/", artifacts.artifact_detail, name="artifact"),
     path(P + "artifacts/<artifact_id:artifact_id>/download", artifacts.artifact_download, name="artifact_download"),
+    path(P + "traces/", traces.trace_list, name="traces"),
     path(P + "traces/<trace_id:trace_id>/", traces.trace_detail, name="trace"),
     path(P + "logs/", logs.log_list, name="logs"),
     path(P + "keys/", keys.key_list, name="keys"),

@@ -59,16 +59,16 @@ def token_budget(conversation: Conversation) -> dict[str, list[Any]]:
 
 EXPORT_SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
     "rounds": (Round, (
-        "record_id", "round_id", "index", "occurred_at", "trace_id", "model", "user_id",
+        "record_id", "source", "round_id", "index", "occurred_at", "trace_id", "span_id", "model", "user_id",
         "user_message", "thoughts", "final_answer", "status", "context_tokens", "context_window",
         "compression_threshold", "input_tokens", "output_tokens", "started_at", "ended_at",
     )),
     "messages": (Message, (
-        "record_id", "round_id", "index", "occurred_at", "role", "content", "name", "tool_calls",
+        "record_id", "source", "round_id", "index", "occurred_at", "role", "content", "name", "tool_calls",
         "tool_call_id", "is_meta", "tokens",
     )),
     "tool_executions": (ToolExecution, (
-        "record_id", "round_id", "occurred_at", "trace_id", "span_id", "tool_name", "tool_version",
+        "record_id", "source", "round_id", "occurred_at", "trace_id", "span_id", "tool_name", "tool_version",
         "parameters", "model", "tool_call_id", "observation", "output_level", "artifact_id",
         "data_size_bytes", "data_hash", "data_summary", "retry_count", "last_error", "success",
         "error_code", "error_type", "error_message", "duration_ms", "observation_tokens",

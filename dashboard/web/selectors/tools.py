@@ -62,7 +62,9 @@ def exact_or_bucket_percentiles(
                 project=project, tool_name=tool_name, occurred_at__gte=since
             ).values_list("duration_ms", flat=True)[: EXACT_PERCENTILE_LIMIT + 1]
         )
-        if len(durations) <= EXACT_PERCENTILE_LIMIT:
+        # Exact only when the rows are all the calls: tool spans no execution
+        # describes (outside any conversation) count in the rollups alone.
+        if len(durations) <= EXACT_PERCENTILE_LIMIT and (stats is None or len(durations) == stats.calls):
             return Percentiles(
                 p50=nearest_rank(durations, 0.50),
                 p95=nearest_rank(durations, 0.95),

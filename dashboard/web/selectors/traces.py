@@ -1,14 +1,123 @@
-"""A trace as a waterfall: its spans ordered as a tree (parent before children,
-siblings by start time), each with its offset and width in percent of the trace."""
+"""Traces: the list (one row per trace, its root span, keyset paged) and a trace
+as a waterfall: its spans ordered as a tree (parent before children, siblings by
+start time), each with its offset and width in percent of the trace."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Optional
+
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from dashboard.accounts.models import Project
-from dashboard.observatory.models import Span
+from dashboard.observatory.models import Conversation, Span
 from dashboard.observatory.selectors import trace_spans
+
+from .conversations import Cursor, _beyond
+
+TRACE_PAGE_SIZE = 50
+SPAN_KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+STATUS_CODES = {"unset": 0, "ok": 1, "error": 2}
+ROOT_FIELDS = ("id", "project", "trace_id", "span_id", "name", "kind", "start_time", "duration_ms", "status_code",
+               "service_name", "conversation_id", "operation")
+
+
+@dataclass
+class TraceRow:
+    root: Span
+    spans: int = 0
+    errors: int = 0
+    conversation: Optional[Conversation] = None
+
+
+@dataclass
+class TracePage:
+    rows: list[TraceRow] = field(default_factory=list)
+    next_cursor: Optional[str] = None
+    prev_cursor: Optional[str] = None
+    is_first: bool = True
+
+
+def trace_roots(
+    project: Project, *, service: str = "", status: str = "", has_errors: bool = False,
+    min_ms: Optional[float] = None, max_ms: Optional[float] = None, since: Optional[datetime] = None,
+    until: Optional[datetime] = None, q: str = "", conversation_id: Optional[int] = None,
+) -> QuerySet[Span]:
+    """The root spans (one per trace) of the project matching the filters, unordered.
+    Filters on the root ride the partial span_project_roots index; ``has_errors``
+    and ``q`` look at every span of a candidate trace through the unique
+    (project, trace_id, …) index, per candidate, while the list walks the roots."""
+    qs = Span.objects.filter(project=project, parent_span_id="")
+    if service:
+        qs = qs.filter(service_name=service)
+    if status:
+        qs = qs.filter(status_code=STATUS_CODES[status])
+    if min_ms is not None:
+        qs = qs.filter(duration_ms__gt=min_ms)
+    if max_ms is not None:
+        qs = qs.filter(duration_ms__lt=max_ms)
+    if since is not None:
+        qs = qs.filter(start_time__gte=since)
+    if until is not None:
+        qs = qs.filter(start_time__lt=until)
+    same_trace = Span.objects.filter(project=project, trace_id=OuterRef("trace_id"))
+    if has_errors:
+        qs = qs.filter(Exists(same_trace.filter(status_code=2)))
+    if q:
+        qs = qs.filter(Exists(same_trace.filter(name__icontains=q)))
+    if conversation_id is not None:
+        # the conversation's traces (span_conversation_time), whichever span names it
+        qs = qs.filter(trace_id__in=Span.objects.filter(conversation_id=conversation_id).values("trace_id"))
+    return qs
+
+
+def trace_page(qs: QuerySet[Span], *, after: str = "", before: str = "",
+               page_size: Optional[int] = None) -> TracePage:
+    """One page of traces, newest root first, after or before a cursor (BadCursor
+    for one we did not make); three queries whatever the page holds."""
+    page_size = page_size or TRACE_PAGE_SIZE
+    qs = qs.only(*ROOT_FIELDS)
+    order = ("-start_time", "-id")
+    if before:
+        rows = list(qs.filter(_beyond("start_time", Cursor.decode(before), forward=True))
+                    .order_by("start_time", "id")[: page_size + 1])
+        more_before = len(rows) > page_size
+        rows = list(reversed(rows[:page_size]))
+        page = TracePage(next_cursor=_cursor(rows[-1]) if rows else None,
+                         prev_cursor=_cursor(rows[0]) if rows and more_before else None, is_first=not more_before)
+    else:
+        if after:
+            qs = qs.filter(_beyond("start_time", Cursor.decode(after), forward=False))
+        rows = list(qs.order_by(*order)[: page_size + 1])
+        more = len(rows) > page_size
+        rows = rows[:page_size]
+        page = TracePage(next_cursor=_cursor(rows[-1]) if rows and more else None,
+                         prev_cursor=_cursor(rows[0]) if rows and after else None, is_first=not after)
+    page.rows = [TraceRow(root=root) for root in rows]
+    if rows:
+        project_id = rows[0].project_id
+        counts = {
+            row["trace_id"]: row
+            for row in Span.objects.filter(project_id=project_id, trace_id__in={r.trace_id for r in rows})
+            .values("trace_id").order_by().annotate(n=Count("id"), errors=Count("id", filter=Q(status_code=2)))
+        }
+        conversations = Conversation.objects.filter(
+            project_id=project_id, pk__in={r.conversation_id for r in rows if r.conversation_id}
+        ).only("id", "title", "external_id").in_bulk()
+        for row in page.rows:
+            found = counts.get(row.root.trace_id, {})
+            row.spans, row.errors = found.get("n", 0), found.get("errors", 0)
+            row.conversation = conversations.get(row.root.conversation_id)
+    return page
+
+
+def _cursor(span: Span) -> str:
+    return Cursor(span.start_time, span.id).encode()
+
+
+def kind_name(kind: Any) -> str:
+    return SPAN_KINDS.get(kind, "unspecified")
 
 SPAN_LIMIT = 1000
 MAX_INDENT = 5  # deeper spans are drawn at this indent (the depth is still shown)

@@ -79,6 +79,24 @@ def pretty_json(value: Any) -> str:
 
 
 @register.filter
+def as_json(value: Any) -> str:
+    """An attribute value as JSON (true, ["x"], "text"), never a Python repr; still
+    escaped by the template."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@register.filter
+def span_kind(value: Any) -> str:
+    """The OTLP SpanKind number as its name."""
+    from ..selectors.traces import kind_name
+
+    return kind_name(value)
+
+
+@register.filter
 def clamp_pct(value: Any) -> int:
     """A number as a whole percent 0..100, for the o-N / w-N bar classes."""
     try:

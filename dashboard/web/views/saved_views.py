@@ -15,13 +15,13 @@ from django.views.decorators.http import require_POST
 from dashboard.accounts.models import Project
 
 from ..access import project_page
-from ..forms import ConversationFilterForm
+from ..forms import ConversationFilterForm, TraceFilterForm
 from ..models import SAVED_VIEW_PAGES, SavedView
 from ..selectors.saved_views import saved_view_for, visible_views
 from ..services import SavedViewError, saved_view_create, saved_view_delete, saved_view_query
 
 # How each page's query string is checked before it is saved.
-QUERY_FORMS = {"conversations": ConversationFilterForm}
+QUERY_FORMS = {"conversations": ConversationFilterForm, "traces": TraceFilterForm}
 
 
 class SavedViewForm(forms.Form):

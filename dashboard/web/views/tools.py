@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.models import Conversation, ToolExecution
-from dashboard.observatory.selectors import recent_failures, tool_stats
+from dashboard.observatory.selectors import recent_failures, recent_span_failures, tool_stats
 
 from ..access import project_page
 from ..costs import usd_plain
@@ -60,7 +60,9 @@ def tool_detail(request: HttpRequest, project: Project, tool_name: str) -> HttpR
     bucket = BucketForm(request.GET)
     failures_since, failures_until = bucket.bounds()
     failures = recent_failures(project, tool_name=tool_name, since=failures_since, until=failures_until)
-    if stats is None and not failures:
+    span_failures = recent_span_failures(project, tool_name=tool_name, since=failures_since or since,
+                                         until=failures_until)
+    if stats is None and not failures and not span_failures:
         # Unknown here in this range: still a page (the range may be too short),
         # unless the project never ran the tool at all.
         if not project.tool_rollups.filter(tool_name=tool_name).exists():
@@ -84,6 +86,7 @@ def tool_detail(request: HttpRequest, project: Project, tool_name: str) -> HttpR
             "series": time_series(project, since=since, tool_name=tool_name, link=bucket_link),
             "error_types": stats.error_types.most_common() if stats else [],
             "failures": failures,
+            "span_failures": span_failures,
             "failures_since": failures_since,
             "failures_until": failures_until,
             "costs": level_costs(project, tool_name, since=since),

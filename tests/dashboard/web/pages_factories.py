@@ -218,12 +218,12 @@ def full_conversation(project: Any, conversation_id: str = "conv-1", *, rounds: 
 
 def add_span(project: Any, trace_id: str, span_id: str, name: str, *, parent: str = "", start_ms: int = 0,
              duration_ms: float = 100.0, attributes: Optional[dict[str, Any]] = None, status_code: int = 0,
-             events: Optional[list[Any]] = None, truncated: bool = False) -> Span:
+             events: Optional[list[Any]] = None, truncated: bool = False, **extra: Any) -> Span:
     start = HOUR + timedelta(milliseconds=start_ms)
     return Span.objects.create(
         project=project, trace_id=trace_id, span_id=span_id, parent_span_id=parent, name=name,
         start_time=start, end_time=start + timedelta(milliseconds=duration_ms), duration_ms=duration_ms,
-        status_code=status_code, attributes=attributes or {}, events=events or [], truncated=truncated,
+        status_code=status_code, attributes=attributes or {}, events=events or [], truncated=truncated, **extra,
     )
 
 

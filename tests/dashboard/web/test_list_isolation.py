@@ -14,7 +14,7 @@ import pytest
 from django.urls import reverse
 
 from dashboard.accounts.services import membership_add
-from tests.dashboard.web.pages_factories import add_artifact, full_conversation, store, tool_record
+from tests.dashboard.web.pages_factories import add_artifact, add_span, full_conversation, store, tool_record
 
 pytestmark = pytest.mark.django_db
 
@@ -29,6 +29,8 @@ LISTS = [
     ("tools", lambda slug: reverse("web:tools", args=[slug])),
     ("tool detail", lambda slug: reverse("web:tool", args=[slug, "query_sales"])),
     ("artifacts", lambda slug: reverse("web:artifacts", args=[slug])),
+    ("traces", lambda slug: reverse("web:traces", args=[slug])),
+    ("traces searched", lambda slug: reverse("web:traces", args=[slug]) + "?q=e&has_errors=on"),
     ("keys", lambda slug: reverse("web:keys", args=[slug])),
     ("api conversations", lambda slug: f"/api/v1/projects/{slug}/conversations"),
     ("api conversations searched", lambda slug: f"/api/v1/projects/{slug}/conversations?q=north"),
@@ -47,6 +49,8 @@ def two_projects(member, project, other_project):
     store(other_project, [tool_record(f"{MARKER}-conversation-0", tool=f"{MARKER}_tool", success=False,
                                       error_type=f"{MARKER}_error", observation=f"{MARKER} observation")])
     artifact = add_artifact(other_project, f'{{"{MARKER}": 1}}'.encode())
+    add_span(project, "a" * 32, "1" * 16, "our-root", status_code=2)
+    add_span(other_project, "b" * 32, "1" * 16, f"{MARKER}-root-span", status_code=2, service_name=MARKER)
     from dashboard.accounts.services import apikey_create
 
     apikey_create(project=other_project, name=f"{MARKER}-key")

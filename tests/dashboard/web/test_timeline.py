@@ -140,6 +140,7 @@ def test_it_exports_the_conversation_as_json(client_in, conversation):
     assert data["skill_activations"][0]["chain"] == ["data-cleaning", "sales-report"]
     assert len(data["messages"]) == 1
     assert data["conversation"]["totals"]["tool_calls"] == 6
+    assert {t["source"] for t in data["tool_executions"]} == {"record"}  # none derived from spans
 
 
 def test_it_escapes_hostile_content_everywhere_on_the_timeline(client_in, project):

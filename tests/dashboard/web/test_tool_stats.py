@@ -216,3 +216,39 @@ def test_it_links_each_bucket_of_the_tool_series_to_its_failures(client_in, exec
 def test_it_ignores_a_bad_failure_bucket(client_in, executions, query):
     response = client_in.get(reverse("web:tool", args=[executions.slug, "load_csv"]) + query)
     assert response.status_code == 200 and "Recent failures" in response.content.decode()
+
+
+def test_it_estimates_percentiles_when_some_calls_are_spans_alone(client_in, project):
+    """A tool span outside any conversation counts in the rollups only: exact
+    percentiles over the executions would leave it out, so the page shows the
+    histogram's bounds over every call."""
+    from datetime import timedelta
+
+    from tests.dashboard.web.pages_factories import HOUR, add_span, store, tool_record
+
+    from dashboard.observatory import derivations
+
+    store(project, [tool_record("conv-p", tool="mixed", duration_ms=10.0)])
+    add_span(project, "c" * 32, "1" * 16, "execute_tool mixed", duration_ms=9000.0, tool_name="mixed",
+             operation="execute_tool")
+    derivations.tool_rollups_refresh(project_id=project.pk, hours=[HOUR, HOUR + timedelta(hours=1)])
+    response = client_in.get(reverse("web:tool", args=[project.slug, "mixed"]))
+    assert response.context["stats"].calls == 2
+    percentiles = response.context["percentiles"]
+    assert not percentiles.exact and percentiles.p99 >= 9000
+
+
+def test_it_lists_failed_tool_spans_outside_any_conversation(client_in, project, other_project):
+    from tests.dashboard.web.pages_factories import add_span
+
+    add_span(project, "c" * 32, "1" * 16, "execute_tool lonely", tool_name="lonely", operation="execute_tool",
+             status_code=2, status_message="<b>refused</b>")
+    add_span(project, "c" * 32, "2" * 16, "execute_tool lonely", tool_name="lonely", operation="execute_tool",
+             attributes={"error.type": "timeout"})
+    add_span(project, "c" * 32, "3" * 16, "execute_tool lonely", tool_name="lonely", operation="execute_tool")
+    add_span(other_project, "d" * 32, "1" * 16, "execute_tool lonely", tool_name="lonely", status_code=2)
+    response = client_in.get(reverse("web:tool", args=[project.slug, "lonely"]))
+    assert response.status_code == 200
+    assert sorted(s.span_id for s in response.context["span_failures"]) == ["1" * 16, "2" * 16]
+    body = response.content.decode()
+    assert f"/traces/{'c' * 32}/#span-{'1' * 16}" in body and "&lt;b&gt;refused" in body
