@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.conf import settings
@@ -38,6 +37,7 @@ from .common import (
     load_json,
     memory_reserve,
     read_body,
+    timestamp_bounds,
 )
 
 RECORDS_JSON_DEPTH = 32
@@ -160,16 +160,6 @@ def records_validate(items: list[Any]) -> tuple[list[Any], list[dict[str, Any]]]
             rejected.append({"index": index, "error": str(exc)[:ERROR_LENGTH]})
     return valid, rejected
 
-
-def timestamp_bounds() -> tuple[datetime, datetime]:
-    """The times an ingested item may carry: from the start of
-    OBSERVATORY_TIMESTAMP_MIN_YEAR to the start of OBSERVATORY_TIMESTAMP_MAX_YEAR.
-    Anything outside is refused per item: a year-9999 or year-1 time (valid ISO 8601)
-    overflows when shifted to UTC, and breaks exports and date maths downstream."""
-    return (
-        datetime(settings.OBSERVATORY_TIMESTAMP_MIN_YEAR, 1, 1, tzinfo=dt_timezone.utc),
-        datetime(settings.OBSERVATORY_TIMESTAMP_MAX_YEAR, 1, 1, tzinfo=dt_timezone.utc),
-    )
 
 
 def _check_times(record: Any, earliest: datetime, latest: datetime) -> None:

@@ -36,6 +36,26 @@ DEFAULT_JSON_DEPTH = 32
 BUSY_RETRY_AFTER = 2  # seconds a client waits after a 503 "database busy"
 
 
+def timestamp_bounds() -> tuple[datetime, datetime]:
+    """The times an ingested item may carry: from the start of
+    OBSERVATORY_TIMESTAMP_MIN_YEAR to the start of OBSERVATORY_TIMESTAMP_MAX_YEAR.
+    Anything outside is refused per item (records, spans, log records): a year-9999 or
+    year-1 time (valid ISO 8601, or a 64-bit nanosecond count) overflows when shifted
+    to UTC, and breaks exports, partitions and date maths downstream."""
+    return (
+        datetime(settings.OBSERVATORY_TIMESTAMP_MIN_YEAR, 1, 1, tzinfo=dt_timezone.utc),
+        datetime(settings.OBSERVATORY_TIMESTAMP_MAX_YEAR, 1, 1, tzinfo=dt_timezone.utc),
+    )
+
+
+def timestamp_window_nanos() -> tuple[int, int]:
+    """``timestamp_bounds`` as OTLP's nanoseconds since the epoch: [low, high)."""
+    earliest, latest = timestamp_bounds()
+    epoch = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+    return ((earliest - epoch) // timedelta(microseconds=1) * 1000,
+            (latest - epoch) // timedelta(microseconds=1) * 1000)
+
+
 class IngestError(Exception):
     """A refusal with its HTTP status. ``message`` is short and safe to show."""
 

@@ -12,7 +12,8 @@ The rules of the contract live here:
 
 - a body that cannot be read at all (truncated protobuf, invalid JSON or UTF-8,
   nesting too deep, wrong shapes) raises ``OtlpDecodeError`` -> 400;
-- a span that is wrong on its own (bad or all-zero ids) is rejected and counted,
+- a span that is wrong on its own (bad or all-zero ids, a start or end time outside
+  the accepted years: ``common.timestamp_bounds``) is rejected and counted,
   the others are kept -> ``partial_success``; an empty name is kept (OTLP: unknown);
 - attribute values are bounded (``MAX_VALUE_CHARS`` per value, ``MAX_ATTRIBUTES``
   per span, ``MAX_SPAN_CHARS`` per span, ``MAX_EVENTS``, ``MAX_LINKS``), so a 10 MB attribute cannot
@@ -38,7 +39,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from dashboard.priority import yield_to_pages
 
-from .common import json_decode_cost, memory_reserve
+from .common import json_decode_cost, memory_reserve, timestamp_window_nanos
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -169,10 +170,11 @@ class _Bounded:
     AnyValue differs.
     """
 
-    __slots__ = ("truncated", "span_budget", "budget")
+    __slots__ = ("truncated", "span_budget", "budget", "window")
 
     def __init__(self) -> None:
         self.truncated = False
+        self.window = timestamp_window_nanos()  # [low, high) nanoseconds a time may take
         self.span_budget = MAX_SPAN_CHARS
         self.budget = MAX_VALUE_CHARS
 
@@ -376,6 +378,8 @@ def _protobuf_span(span: Any, reader: _ProtobufReader, resource: dict[str, Any],
     parent = span.parent_span_id
     parent_span_id = "" if not parent or not any(parent) else _checked_id(parent, 8, "parent_span_id")
     name = span.name  # may be empty: OTLP says that means unknown
+    check_time(span.start_time_unix_nano, reader.window, "start time")
+    check_time(span.end_time_unix_nano, reader.window, "end time")
     status = span.status
     attributes = reader.attributes(span.attributes)  # before events: they share the span's budget
     events = [
@@ -415,6 +419,12 @@ def _protobuf_span(span: Any, reader: _ProtobufReader, resource: dict[str, Any],
         truncated=False,
         links=links,
     )
+
+
+def check_time(unix_nano: int, window: tuple[int, int], what: str, error: type[ValueError] = _SpanRejected) -> None:
+    """Refuse one item whose time is outside the configured years (timestamp_bounds)."""
+    if not window[0] <= unix_nano < window[1]:
+        raise error(f"{what} outside the accepted years (OBSERVATORY_TIMESTAMP_MIN_YEAR to _MAX_YEAR)")
 
 
 def _checked_id(raw: bytes, size: int, what: str) -> str:
@@ -570,6 +580,10 @@ def _json_span(span: dict[str, Any], reader: _JsonReader, resource: dict[str, An
     name = span.get("name", "")
     if not isinstance(name, str):
         raise OtlpDecodeError("span name must be a string")
+    start_time = _int64(_field(span, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano")
+    end_time = _int64(_field(span, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano")
+    check_time(start_time, reader.window, "start time")
+    check_time(end_time, reader.window, "end time")
     status = _object(span.get("status", {}), "status")
     attributes = reader.attributes(span.get("attributes", []))  # before events: they share the span's budget
     raw_events = _list(span.get("events", []), "events")
@@ -609,8 +623,8 @@ def _json_span(span: dict[str, Any], reader: _JsonReader, resource: dict[str, An
         parent_span_id=parent_span_id,
         name=_clean(name),
         kind=_enum(span.get("kind", 0), _SPAN_KINDS, "kind", upper=5),
-        start_time_unix_nano=_int64(_field(span, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"),
-        end_time_unix_nano=_int64(_field(span, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano"),
+        start_time_unix_nano=start_time,
+        end_time_unix_nano=end_time,
         status_code=_enum(status.get("code", 0), _STATUS_CODES, "status.code", upper=2),
         status_message=reader.name(_expect(status.get("message", ""), str, "status.message")),
         attributes=attributes,

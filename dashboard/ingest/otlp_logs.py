@@ -42,6 +42,7 @@ from .otlp import (
     _object,
     _ProtobufReader,
     _service_name,
+    check_time,
 )
 
 MAX_LOGS = 20_000  # per request, as spans
@@ -60,6 +61,14 @@ class OtlpTooManyLogs(OtlpDecodeError):
 
 class _LogRejected(ValueError):
     """One record is invalid on its own; the rest of the batch is kept."""
+
+
+def _check_times(time_unix_nano: int, observed_time_unix_nano: int, window: tuple[int, int]) -> None:
+    # 0 means unknown (OTLP); any other time must lie in the accepted years.
+    if time_unix_nano:
+        check_time(time_unix_nano, window, "time", _LogRejected)
+    if observed_time_unix_nano:
+        check_time(observed_time_unix_nano, window, "observed time", _LogRejected)
 
 
 @dataclass(slots=True)
@@ -158,6 +167,7 @@ def decode_logs_protobuf(body: bytes) -> DecodedLogs:
                 try:
                     trace_id = _bytes_id(record.trace_id, 16, "trace_id")
                     span_id = _bytes_id(record.span_id, 8, "span_id")
+                    _check_times(record.time_unix_nano, record.observed_time_unix_nano, reader.window)
                 except _LogRejected as exc:
                     batch.reject(str(exc))
                     continue
@@ -223,6 +233,11 @@ def decode_logs_json(body: bytes) -> DecodedLogs:
                 try:
                     trace_id = _hex_id(_field(record, "traceId", "trace_id", ""), 32, "trace_id")
                     span_id = _hex_id(_field(record, "spanId", "span_id", ""), 16, "span_id")
+                    time_unix_nano = _int64(_field(record, "timeUnixNano", "time_unix_nano", 0), "timeUnixNano")
+                    observed_time_unix_nano = _int64(
+                        _field(record, "observedTimeUnixNano", "observed_time_unix_nano", 0), "observedTimeUnixNano"
+                    )
+                    _check_times(time_unix_nano, observed_time_unix_nano, reader.window)
                 except _LogRejected as exc:
                     batch.reject(str(exc))
                     continue
@@ -241,10 +256,8 @@ def decode_logs_json(body: bytes) -> DecodedLogs:
                     LogRow(
                         trace_id=trace_id,
                         span_id=span_id,
-                        time_unix_nano=_int64(_field(record, "timeUnixNano", "time_unix_nano", 0), "timeUnixNano"),
-                        observed_time_unix_nano=_int64(
-                            _field(record, "observedTimeUnixNano", "observed_time_unix_nano", 0), "observedTimeUnixNano"
-                        ),
+                        time_unix_nano=time_unix_nano,
+                        observed_time_unix_nano=observed_time_unix_nano,
                         severity_number=number,
                         severity_text=text,
                         body=body_value,

@@ -560,3 +560,40 @@ def test_it_bounds_the_links_of_a_span():
 def test_it_refuses_links_of_the_wrong_shape(links):
     with pytest.raises(otlp.OtlpDecodeError):
         decode_json(json_request(json_span(links=links)))
+
+
+# --- times outside the accepted years (OBSERVATORY_TIMESTAMP_MIN_YEAR / _MAX_YEAR) ------
+
+YEAR_2300 = 10_413_792_000 * 10**9  # 2300-01-01 in nanoseconds since the epoch
+
+
+@pytest.mark.parametrize("field", ["start_time_unix_nano", "end_time_unix_nano"])
+def test_it_rejects_only_the_span_with_a_time_past_the_accepted_years_in_protobuf(field):
+    request = make_request(spans=2)
+    setattr(request.resource_spans[0].scope_spans[0].spans[1], field, YEAR_2300)
+    batch = decode_protobuf(request.SerializeToString())
+    assert [span.span_id for span in batch.spans] == [SPAN_ID.hex()]
+    assert batch.rejected == 1 and "outside the accepted years" in batch.error_message
+
+
+@pytest.mark.parametrize("fields", [
+    {"startTimeUnixNano": str(YEAR_2300)},
+    {"endTimeUnixNano": str(2**64 - 1)},
+    {"startTimeUnixNano": "-1"},  # before 1970: int64 allows it, the accepted years do not
+    {"startTimeUnixNano": str(-(2**63))},
+])
+def test_it_rejects_only_the_span_with_a_time_outside_the_accepted_years_in_json(fields):
+    batch = decode_json(json_request(json_span(), json_span(**{"spanId": "1" * 16, **fields})))
+    assert [span.span_id for span in batch.spans] == [SPAN_ID.hex()]
+    assert batch.rejected == 1 and "outside the accepted years" in batch.error_message
+
+
+def test_it_follows_the_configured_years(settings):
+    settings.OBSERVATORY_TIMESTAMP_MAX_YEAR = 2020  # 1_700_000_000 s is in 2023
+    batch = decode_protobuf(make_request(spans=1).SerializeToString())
+    assert batch.spans == [] and batch.rejected == 1
+
+
+def test_it_keeps_a_span_at_the_first_instant_of_the_accepted_years():
+    batch = decode_json(json_request(json_span(startTimeUnixNano="0", endTimeUnixNano="0")))
+    assert batch.rejected == 0 and batch.spans[0].start_time_unix_nano == 0

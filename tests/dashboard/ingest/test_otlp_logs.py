@@ -248,3 +248,38 @@ def test_it_answers_partial_success_in_json_too(client, auth, project):
     assert response.json() == {"partialSuccess": {
         "rejectedLogRecords": "1", "errorMessage": "1 log record(s) rejected: trace_id is not hex"}}
     assert list(LogRecord.objects.values_list("body", flat=True)) == ["kept"]
+
+
+YEAR_2300 = 10_413_792_000 * 10**9  # 2300-01-01 in nanoseconds since the epoch
+
+
+@pytest.mark.parametrize("field", ["time_unix_nano", "observed_time_unix_nano"])
+def test_it_rejects_only_the_record_with_a_time_past_the_accepted_years(client, auth, project, field):
+    request = make_logs(2)
+    setattr(request.resource_logs[0].scope_logs[0].log_records[0], field, YEAR_2300)
+    response = post(client, auth, request.SerializeToString())
+    assert response.status_code == 200
+    answer = ExportLogsServiceResponse.FromString(response.content)
+    assert answer.partial_success.rejected_log_records == 1
+    assert "outside the accepted years" in answer.partial_success.error_message
+    assert list(LogRecord.objects.filter(project=project).values_list("body", flat=True)) == ["<b>hello 1</b>"]
+
+
+def test_it_keeps_a_record_whose_times_are_unknown(client, auth, project):
+    # OTLP: 0 means the time is unknown; the record is still a record.
+    request = make_logs(1)
+    record = request.resource_logs[0].scope_logs[0].log_records[0]
+    record.time_unix_nano = 0
+    record.observed_time_unix_nano = 0
+    assert post(client, auth, request.SerializeToString()).status_code == 200
+    assert LogRecord.objects.filter(project=project).count() == 1
+
+
+def test_it_rejects_a_negative_time_in_json(client, auth, project):
+    document = {"resourceLogs": [{"scopeLogs": [{"logRecords": [
+        {"traceId": TRACE, "spanId": SPAN, "timeUnixNano": "-5", "body": {"stringValue": "poison"}},
+        {"traceId": TRACE, "spanId": SPAN, "body": {"stringValue": "kept"}},
+    ]}]}]}
+    response = post(client, auth, json.dumps(document).encode(), JSON)
+    assert response.json()["partialSuccess"]["rejectedLogRecords"] == "1"
+    assert list(LogRecord.objects.values_list("body", flat=True)) == ["kept"]
