@@ -100,6 +100,12 @@ def test_it_serves_tool_span_hours_from_the_partial_tool_index(project):
 def test_it_finds_spans_by_many_tool_call_ids_through_the_partial_index(project):
     span(project, 1, tool_call_id="call_1")
     span(project, 2)
+    # Enough traces that a trace id is selective in the statistics (on two rows,
+    # PostgreSQL may scan by project alone and filter the trace id).
+    Span.objects.bulk_create(
+        Span(project=project, trace_id=f"{i:032x}", span_id=f"{i:016x}", start_time=NOW, end_time=NOW)
+        for i in range(3, 400)
+    )
     calls = {f"call_{i}" for i in range(MANY)}
     by_call, by_trace = derivations._spans_by_calls_or_traces(Span.objects.filter(project=project), calls, {"f" * 32})
     assert index_used(by_call, "span_project_tool_call")
