@@ -188,6 +188,11 @@ class Span(models.Model):
     and a partial index costs an insert nothing when its condition is false. A
     query can use a partial index only when its WHERE implies the condition, so
     the queries that need one say so (``.exclude(tool_call_id="")`` etc.).
+
+    On PostgreSQL the table is partitioned by day on ``start_time`` (migration 0008,
+    observatory.partitions): there the primary key is (id, start_time) and span_unique
+    holds start_time too, as a partitioned table's unique keys must; Django keeps
+    ``id`` (one sequence) as the pk.
     """
 
     # project leads the unique constraint and span_project_time: no index of its own.
@@ -326,8 +331,12 @@ class ToolExecution(_RecordRow):
     span_id = models.CharField(max_length=16, blank=True)
     # The span of this call, set by the link task (by span_id, else by tool_call_id).
     # Indexed by the partial toolexec_linked_span (null on insert, so free then).
+    # No database constraint: on PostgreSQL spans are partitioned by day and ``id``
+    # alone is not a unique key there; a dropped day clears its links first
+    # (observatory.partitions), a row delete through Django's SET_NULL.
     linked_span = models.ForeignKey(
-        Span, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+        Span, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False,
+        db_constraint=False,
     )
     tool_name = models.CharField(max_length=ID_LENGTH)
     tool_version = models.CharField(max_length=64, default="1.0.0")
