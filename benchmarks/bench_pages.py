@@ -525,16 +525,37 @@ def measure(seeded: dict, requests: int) -> list[tuple[str, float, float, int]]:
         timings.sort()
         p95 = timings[max(0, int(round(0.95 * len(timings))) - 1)]
         results.append((name, statistics.median(timings), p95, status))
+        print(f"  {name}: p95 {p95:.1f} ms", flush=True)
     return results
 
 
+def seeded_again() -> dict:
+    """What ``seed`` returned, read back from a database it filled (--reuse)."""
+    from django.contrib.auth import get_user_model
+
+    from dashboard.accounts.models import Project
+    from dashboard.observatory.models import CompressionEvent, Conversation, Round, ToolExecution
+
+    project = Project.objects.get(slug="bench")
+    first, second = Conversation.objects.filter(project=project).order_by("id").values_list("id", flat=True)[:2]
+    seeded_round = Round.objects.filter(conversation_id=second).order_by("index").first()
+    return {
+        "user": get_user_model().objects.get(username="bench"), "project": project, "conversation": first,
+        "execution": ToolExecution.objects.filter(conversation_id=first).first().pk,
+        "compression": CompressionEvent.objects.filter(conversation_id=first).first().pk, "trace": "ab" * 16,
+        "compare": [Conversation.objects.get(project=project, external_id=f"compare-{side}").pk for side in (1, 2)],
+        "seeded_trace": seeded_round.trace_id or "ab" * 16, "round": seeded_round.pk,
+    }
+
+
 def retention_day_drop(seeded: dict) -> str:
-    """Drop the fullest day of spans the way the daily purge does (spans_partitions_drop,
-    with the project's retention set so that day is the newest one past it), timed."""
+    """Drop the oldest full day of spans the way the daily purge does
+    (spans_partitions_drop, with the project's retention set so that day is the
+    newest one past it), timed; the days before it (empty or partial) go first."""
     from django.db import connection
 
     from dashboard.observatory import partitions
-    from dashboard.observatory.models import Span, ToolExecution
+    from dashboard.observatory.models import Span
     from dashboard.tuning.models import RetentionPolicy
 
     if not partitions.spans_partitioned():
@@ -545,7 +566,7 @@ def retention_day_drop(seeded: dict) -> str:
         for day, name in days.items():
             cursor.execute(f"SELECT count(*) FROM {connection.ops.quote_name(name)}")
             sizes[day] = cursor.fetchone()[0]
-    day = max(sizes, key=sizes.get)
+    day = min(day for day, size in sizes.items() if size >= max(sizes.values()) / 2)
     now = datetime.now(timezone.utc)
     span_days = (now.date() - day).days - 1  # so `day` is the newest day past retention
     policy, _ = RetentionPolicy.objects.get_or_create(project=seeded["project"])
@@ -554,13 +575,11 @@ def retention_day_drop(seeded: dict) -> str:
     older = partitions.spans_partitions_drop(now=now)
     policy.span_days = span_days
     policy.save()
-    links = ToolExecution.objects.filter(linked_span__isnull=False).count()
     started = time.perf_counter()
     dropped = partitions.spans_partitions_drop(now=now)
     seconds = time.perf_counter() - started
-    cleared = links - ToolExecution.objects.filter(linked_span__isnull=False).count()
-    return (f"{dropped} ({sizes[day]:,} spans; {cleared:,} tool-execution links cleared) dropped in "
-            f"{seconds * 1000:.0f} ms; {len(older)} older day(s) dropped before; {Span.objects.count():,} spans left")
+    return (f"{dropped} ({sizes[day]:,} spans) dropped in {seconds * 1000:.0f} ms; {len(older)} older day(s) "
+            f"dropped before; {Span.objects.count():,} spans left")
 
 
 def main() -> None:
@@ -575,6 +594,8 @@ def main() -> None:
     parser.add_argument("--compare-rounds", type=int, default=200, help="rounds of each compared conversation")
     parser.add_argument("--spans", type=int, default=0,
                         help="seed about this many spans for the conversations (0: one trace of 60)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="--db-url only: measure the database an earlier run seeded (no seeding)")
     parser.add_argument("--retention", action="store_true",
                         help="PostgreSQL: after the pages, drop one day of spans as the daily purge does, timed")
     parser.add_argument("--csv-rows", type=int, default=0,
@@ -585,13 +606,18 @@ def main() -> None:
         setup_django(args.db_url, data_dir)
         from django.db import connection
 
-        print(f"Seeding {connection.vendor}: {args.conversations:,} conversations, "
-              f"{args.tool_executions:,} tool executions", flush=True)
+        if not args.reuse:
+            print(f"Seeding {connection.vendor}: {args.conversations:,} conversations, "
+                  f"{args.tool_executions:,} tool executions, {args.spans:,} spans", flush=True)
         started = time.perf_counter()
-        seeded = seed(args.conversations, args.tool_executions, args.rounds, args.real_totals, args.compare_rounds,
-                      args.spans)
-        artifacts(seeded["project"])
-        print(f"Seeded in {time.perf_counter() - started:.1f} s; {args.requests} requests per page\n", flush=True)
+        if args.reuse and args.db_url:
+            seeded = seeded_again()
+            print("Reusing the seeded database", flush=True)
+        else:
+            seeded = seed(args.conversations, args.tool_executions, args.rounds, args.real_totals,
+                          args.compare_rounds, args.spans)
+            artifacts(seeded["project"])
+            print(f"Seeded in {time.perf_counter() - started:.1f} s; {args.requests} requests per page\n", flush=True)
         results = measure(seeded, args.requests)
         width = max(len(name) for name, *_ in results)
         print(f"{'page':<{width}}  {'p50 ms':>8}  {'p95 ms':>8}  status")

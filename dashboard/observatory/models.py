@@ -175,6 +175,12 @@ class Message(_RecordRow):
         indexes = [models.Index(fields=["conversation", "index"], name="message_conversation_index")]
 
 
+# A tool span outside any conversation that failed (status ERROR or an error type).
+SPAN_TOOL_FAILURE = (
+    ~Q(tool_name="") & Q(conversation__isnull=True) & (Q(status_code=2) | Q(attributes__has_key="error.type"))
+)
+
+
 class Span(models.Model):
     """One OpenTelemetry span. Filled by the OTLP ingest (dashboard.ingest.spans).
 
@@ -254,6 +260,12 @@ class Span(models.Model):
                 fields=["project", "start_time"], name="span_tool_time",
                 condition=~Q(tool_name=""),
             ),
+            # a tool's failed span-only calls (selectors.recent_span_failures): rare rows,
+            # found newest first without walking the tool spans that succeeded
+            models.Index(
+                fields=["project", "tool_name", "-start_time"], name="span_tool_failures",
+                condition=SPAN_TOOL_FAILURE,
+            ),
         ]
 
     def __str__(self) -> str:
@@ -332,8 +344,8 @@ class ToolExecution(_RecordRow):
     # The span of this call, set by the link task (by span_id, else by tool_call_id).
     # Indexed by the partial toolexec_linked_span (null on insert, so free then).
     # No database constraint: on PostgreSQL spans are partitioned by day and ``id``
-    # alone is not a unique key there; a dropped day clears its links first
-    # (observatory.partitions), a row delete through Django's SET_NULL.
+    # alone is not a unique key there. A row delete clears it (Django's SET_NULL); a
+    # dropped day leaves the id of a span that is gone (observatory.partitions says why).
     linked_span = models.ForeignKey(
         Span, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False,
         db_constraint=False,

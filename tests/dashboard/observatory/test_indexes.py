@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from dashboard.observatory import derivations, tasks
-from dashboard.observatory.models import Conversation, Span, ToolExecution
+from dashboard.observatory.models import SPAN_TOOL_FAILURE, Conversation, Span, ToolExecution
 from dashboard.observatory.services import records_store
 from dashboard.web.selectors.traces import waterfall
 from pipeline import parse_record
@@ -116,6 +116,23 @@ def test_it_serves_tool_span_hours_from_the_partial_tool_index(project):
     assert derivations.hours_with_rows(project_id=project.pk, since=hour) == {hour}
 
 
+def test_it_finds_a_tools_failed_span_only_calls_through_their_partial_index(project):
+    from dashboard.observatory.selectors import recent_span_failures
+
+    span(project, 1, tool_name="search", status_code=2)
+    span(project, 2, tool_name="search", attributes={"error.type": "timeout"})
+    span(project, 3, tool_name="search")
+    Span.objects.bulk_create([  # successful calls the query must not walk
+        Span(project=project, trace_id=f"{1000 + i:032x}", span_id=f"{i:016x}", start_time=NOW, end_time=NOW,
+             tool_name="search")
+        for i in range(300)
+    ])
+    failures = Span.objects.filter(SPAN_TOOL_FAILURE, project=project, tool_name="search").order_by("-start_time")
+    if connection.vendor == "postgresql":  # SQLite cannot prove the OR of the condition: span_tool_time there
+        assert index_used(failures, "span_tool_failures"), plan_of(failures)
+    assert {s.span_id for s in recent_span_failures(project, tool_name="search")} == {f"{1:016x}", f"{2:016x}"}
+
+
 def test_it_finds_spans_by_many_tool_call_ids_through_the_partial_index(project):
     span(project, 1, tool_call_id="call_1")
     span(project, 2)
@@ -197,9 +214,10 @@ def test_it_bounds_the_beat_pass_to_the_newest_unlinked_spans(project, monkeypat
 
 
 def test_it_keeps_the_span_table_to_few_indexes(project):
-    """Each index costs every span insert: pk, unique, project+time, and four
-    partial ones that plain spans skip (the trace list's holds one span a trace)."""
+    """Each index costs every span insert: pk, unique, project+time, and five
+    partial ones that plain spans skip (the trace list's holds one span a trace,
+    the failed span-only tool calls' almost none)."""
     with connection.cursor() as cursor:
         constraints = connection.introspection.get_constraints(cursor, Span._meta.db_table)
     indexed = {name for name, c in constraints.items() if c["index"] or c["unique"] or c["primary_key"]}
-    assert len(indexed) <= 7, sorted(indexed)
+    assert len(indexed) <= 8, sorted(indexed)
