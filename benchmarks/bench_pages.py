@@ -4,6 +4,8 @@
     .venv/bin/python -m benchmarks.bench_pages --conversations 100000 --tool-executions 1000000
     .venv/bin/python -m benchmarks.bench_pages --db-url postgres://user@127.0.0.1:5432/bench
     .venv/bin/python -m benchmarks.bench_pages --csv-rows 1000000      # + a 1M-row CSV stream's memory
+    .venv/bin/python -m benchmarks.bench_pages --db-url postgres://… --conversations 100000 \
+        --tool-executions 1000000 --spans 10000000 --retention   # 10M spans, then drop one day of them
 
 Seeds a fresh database (SQLite in a temp data dir unless --db-url) with bulk inserts:
 conversations with rounds, tool executions spread over the last week across tools,
@@ -13,6 +15,14 @@ totals are filled in by the seeder from what it inserted (--real-totals runs the
 derivation instead: exact, but minutes on 100k conversations). Each page is then
 requested --requests times through Django's test Client, logged in, and the table
 prints each page's p50 / p95 server time. Target: p95 < 100 ms.
+
+On PostgreSQL the rows go in with COPY (the ingest's own bulk insert path), SQLite
+keeps bulk inserts. With --spans N, N spans are seeded besides: each conversation's
+rounds are traces (a root, a model call per round, a tool span per tool execution,
+linked to it as the link task would, and plain child spans to make up the count),
+plus one span-only tool call (no record, some failed) per twenty tool executions.
+With --retention (PostgreSQL, after the pages) one full day of spans is dropped the
+way the daily purge does it, and its time printed. Target: < 1 s.
 
 Costs: rounds and conversations are priced by the seeder with the real price
 table (gpt-4o and claude-3-sonnet have seeded prices, deepseek-chat none), the
@@ -64,10 +74,124 @@ def setup_django(db_url: str, data_dir: str) -> None:
     call_command("migrate", verbosity=0)
 
 
+def store(model, objects: list) -> None:
+    """Insert model instances: COPY on PostgreSQL (through the ingest's bulk insert,
+    which adapts the values), bulk_create in one transaction on SQLite."""
+    from django.db import connection, transaction
+
+    if not objects:
+        return
+    if connection.vendor == "postgresql":
+        from dashboard.observatory.services import insert_ignoring_conflicts
+
+        fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+        with transaction.atomic():
+            insert_ignoring_conflicts(model, [{f.attname: getattr(o, f.attname) for f in fields} for o in objects])
+    else:
+        with transaction.atomic():
+            model.objects.bulk_create(objects)
+
+
+SPAN_CHUNK = 50_000
+
+
+def seed_spans(project, conv: list, total: int, tool_executions: int, rounds_per_conversation: int) -> list[int]:
+    """About ``total`` spans for the conversations ``conv`` [(id, started_at, model)]:
+    one trace per round (root, model call, the round's tool calls, plain children),
+    and one span-only tool call per twenty tool executions. Returns the span id of
+    each tool execution's call (ids are given here; the sequence is moved past them)."""
+    from django.db import connection, transaction
+
+    from dashboard.observatory.models import Span
+    from dashboard.observatory.services import insert_values_ignoring_conflicts, json_text, sqlite_datetime
+
+    postgres = connection.vendor == "postgresql"
+    when = (lambda moment: moment) if postgres else sqlite_datetime
+    columns = ["id", "project_id", "trace_id", "span_id", "parent_span_id", "name", "kind", "start_time", "end_time",
+               "duration_ms", "status_code", "status_message", "service_name", "attributes", "events", "links",
+               "resource", "conversation_id", "conversation_key", "tool_name", "tool_call_id", "operation",
+               "received_at", "truncated"]
+    resource = json_text({"service.name": "agent", "telemetry.sdk.language": "python"})
+    received = when(datetime.now(timezone.utc))
+    conversations = len(conv)
+    span_only = tool_executions // 20
+    rounds = conversations * rounds_per_conversation
+    plain = max(total - rounds * 2 - tool_executions - span_only, 0)
+    plain_per_round, extra = divmod(plain, rounds)
+    linked = [0] * tool_executions
+    calls_of: list[list[int]] = [[] for _ in range(conversations)]
+    for n in range(tool_executions):
+        calls_of[n % conversations].append(n)
+    rows: list = []
+    next_id = 1
+    started = time.perf_counter()
+
+    def flush() -> None:
+        with transaction.atomic():
+            if postgres:
+                with connection.cursor() as cursor:
+                    try:  # the seeder's own rows: skip the per-row foreign-key triggers (superuser only)
+                        with transaction.atomic():
+                            cursor.execute("SET LOCAL session_replication_role = replica")
+                    except Exception:
+                        pass
+            insert_values_ignoring_conflicts(Span, columns, rows)
+        rows.clear()
+
+    def add(trace: str, parent: str, name: str, moment: datetime, ms: float, conversation_id, attributes: dict,
+            key: str = "", tool: str = "", call: str = "", operation: str = "", status: int = 0) -> tuple[int, str]:
+        nonlocal next_id
+        span_id = f"{next_id:016x}"
+        rows.append((next_id, project.pk, trace, span_id, parent, name, 1, when(moment),
+                     when(moment + timedelta(milliseconds=ms)), ms, status, "failed" if status == 2 else "", "agent",
+                     json_text(attributes), "[]", "[]", resource, conversation_id, key, tool, call, operation,
+                     received, False))
+        next_id += 1
+        if len(rows) >= SPAN_CHUNK:
+            flush()
+        return next_id - 1, span_id
+
+    for c, (conversation_id, at, model) in enumerate(conv):
+        key = f"conv-{c:07d}"
+        for r in range(rounds_per_conversation):
+            trace = f"{conversation_id:016x}{r:016x}"
+            begin = at + timedelta(seconds=r * 30)
+            _, root = add(trace, "", "invoke_agent agent", begin, 25_000.0, conversation_id,
+                          {"gen_ai.conversation.id": key, "gen_ai.operation.name": "invoke_agent"}, key=key,
+                          operation="invoke_agent")
+            add(trace, root, f"chat {model}", begin + timedelta(milliseconds=5), 1800.0, conversation_id,
+                {"gen_ai.conversation.id": key, "gen_ai.request.model": model, "gen_ai.operation.name": "chat",
+                 "gen_ai.usage.input_tokens": 900, "gen_ai.usage.output_tokens": 100}, key=key, operation="chat")
+            for k, n in enumerate(calls_of[c]):
+                if k % rounds_per_conversation != r:
+                    continue
+                tool = TOOLS[n % len(TOOLS)]
+                linked[n], _ = add(trace, root, f"execute_tool {tool}", at + timedelta(seconds=k * 30 + 1), 120.0,
+                                   conversation_id, {"gen_ai.tool.name": tool, "gen_ai.tool.call.id": f"call_{n:09d}",
+                                                     "gen_ai.operation.name": "execute_tool"},
+                                   tool=tool, call=f"call_{n:09d}", operation="execute_tool")
+            for p in range(plain_per_round + (1 if c * rounds_per_conversation + r < extra else 0)):
+                add(trace, root, f"step {p}", begin + timedelta(milliseconds=20 + p), 3.0, conversation_id,
+                    {"step": p, "http.method": "POST"})
+    for n in range(span_only):  # tool calls known only from spans: no record, no conversation
+        _, at, _ = conv[n % conversations]
+        tool = TOOLS[n % len(TOOLS)]
+        add(f"{n:032x}", "", f"execute_tool {tool}", at + timedelta(seconds=7), 95.0, None,
+            {"gen_ai.tool.name": tool, "gen_ai.tool.call.id": f"span_call_{n}"}, tool=tool, call=f"span_call_{n}",
+            operation="execute_tool", status=2 if n % 10 == 0 else 0)
+    if rows:
+        flush()
+    if postgres:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT setval(pg_get_serial_sequence('observatory_span', 'id'), %s)", [next_id])
+            cursor.execute("ANALYZE observatory_span")  # what autovacuum does after a load this size
+    print(f"  spans: {next_id - 1:,} in {time.perf_counter() - started:.1f} s", flush=True)
+    return linked
+
+
 def seed(conversations: int, tool_executions: int, rounds_per_conversation: int, real_totals: bool,
-         compare_rounds: int = 200) -> dict:
+         compare_rounds: int = 200, spans: int = 0) -> dict:
     from django.contrib.auth import get_user_model
-    from django.db import transaction
 
     from dashboard.accounts.services import project_create
     from dashboard.observatory import costs, derivations
@@ -123,10 +247,10 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
             totals_updated_at=now, cost_pico_usd=None if cost is None else cost * rounds_per_conversation,
             unpriced_rounds=rounds_per_conversation if cost is None else 0,
         ))
-    with transaction.atomic():
-        Conversation.objects.bulk_create(conversation_rows, batch_size=BATCH)
+    store(Conversation, conversation_rows)
     conv = list(Conversation.objects.filter(project=project).order_by("id").values_list("id", "started_at", "model"))
     print(f"  conversations: {len(conv):,} in {time.perf_counter() - started:.1f} s", flush=True)
+    linked = seed_spans(project, conv, spans, tool_executions, rounds_per_conversation) if spans else None
 
     started = time.perf_counter()
     rounds = []
@@ -136,16 +260,16 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
                 record_id=uuid.uuid4(), project=project, conversation_id=conversation_id,
                 occurred_at=at + timedelta(seconds=index * 30), round_id=f"{conversation_id}-r{index}", index=index,
                 user_message=f"What were the sales in region {conversation_id % 17}?",
+                trace_id=f"{conversation_id:016x}{index:016x}" if spans else "",
                 thoughts=["Query the sales table."], final_answer="Sales were 12.", context_tokens=1000 * (index + 1),
                 derived_context_tokens=1000 * (index + 1),
                 context_window=128_000, compression_threshold=0.8, input_tokens=900, output_tokens=100,
                 cost_pico_usd=round_cost(model, at),
             ))
             if len(rounds) >= BATCH:
-                with transaction.atomic():
-                    Round.objects.bulk_create(rounds)
+                store(Round, rounds)
                 rounds = []
-    Round.objects.bulk_create(rounds)
+    store(Round, rounds)
     print(f"  rounds: {len(conv) * rounds_per_conversation:,} in {time.perf_counter() - started:.1f} s", flush=True)
 
     started = time.perf_counter()
@@ -166,12 +290,12 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
             duration_ms=rng.lognormvariate(4.5, 1.2), observation_tokens=tokens[level], cache_hit=rng.random() < 0.1,
             brief_observation="brief", brief_tokens=tokens["brief"], standard_observation="standard",
             standard_tokens=tokens["standard"], full_observation="full", full_tokens=tokens["full"],
+            linked_span_id=linked[n] if linked else None,
         ))
         if len(rows) >= BATCH:
-            with transaction.atomic():
-                ToolExecution.objects.bulk_create(rows)
+            store(ToolExecution, rows)
             rows = []
-    ToolExecution.objects.bulk_create(rows)
+    store(ToolExecution, rows)
     print(f"  tool executions: {tool_executions:,} in {time.perf_counter() - started:.1f} s", flush=True)
 
     target = conv[0][0]
@@ -220,8 +344,10 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
 
     for i in range(20):
         SavedView.objects.create(project=project, owner=user, name=f"view {i}", query=f"user=user-{i}", shared=i % 2 == 0)
+    seeded_round = Round.objects.filter(conversation_id=conv[1][0]).order_by("index").first()
     return {"user": user, "project": project, "conversation": target, "execution": execution.pk,
-            "compression": compression.pk, "trace": trace_id, "compare": compared}
+            "compression": compression.pk, "trace": trace_id, "compare": compared,
+            "seeded_trace": seeded_round.trace_id or trace_id, "round": seeded_round.pk}
 
 
 def long_conversation(project, external_id: str, rounds: int, now: datetime, *, seed: int) -> int:
@@ -338,6 +464,7 @@ def measure(seeded: dict, requests: int) -> list[tuple[str, float, float, int]]:
     import re
 
     after = re.search(r'href="\?([^"]*)" rel="next"', first)
+    trace_after = re.search(r'href="\?([^"]*)" rel="next"', client.get(f"/p/{slug}/traces/").content.decode())
     hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) - timedelta(hours=5)
     bucket, bucket_end = hour.strftime("%Y-%m-%dT%H:%M"), (hour + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
     pages = [
@@ -361,6 +488,16 @@ def measure(seeded: dict, requests: int) -> list[tuple[str, float, float, int]]:
         ("compression diff", f"/p/{slug}/compressions/{seeded['compression']}/"),
         ("artifacts", f"/p/{slug}/artifacts/"),
         ("trace", f"/p/{slug}/traces/{seeded['trace']}/"),
+        ("traces", f"/p/{slug}/traces/"),
+        ("traces page 2", f"/p/{slug}/traces/?" + (trace_after.group(1).replace("&amp;", "&") if trace_after else "")),
+        ("traces with errors", f"/p/{slug}/traces/?has_errors=on"),
+        ("traces longer than 20 s", f"/p/{slug}/traces/?min_ms=20000"),
+        ("traces span name search", f"/p/{slug}/traces/?q=forecast"),
+        ("traces of one hour", f"/p/{slug}/traces/?since={bucket}&until={bucket_end}"),
+        ("traces of a conversation", f"/p/{slug}/traces/?conversation={seeded['conversation']}"),
+        ("a seeded trace", f"/p/{slug}/traces/{seeded['seeded_trace']}/"),
+        ("round waterfall (htmx)", f"/p/{slug}/rounds/{seeded['round']}/waterfall/"),
+        ("logs", f"/p/{slug}/logs/"),
         ("compare 200 rounds each, page 1", f"/p/{slug}/compare/?a={seeded['compare'][0]}&b={seeded['compare'][1]}"),
         ("compare 200 rounds each, page 4",
          f"/p/{slug}/compare/?a={seeded['compare'][0]}&b={seeded['compare'][1]}&page=4"),
@@ -388,7 +525,61 @@ def measure(seeded: dict, requests: int) -> list[tuple[str, float, float, int]]:
         timings.sort()
         p95 = timings[max(0, int(round(0.95 * len(timings))) - 1)]
         results.append((name, statistics.median(timings), p95, status))
+        print(f"  {name}: p95 {p95:.1f} ms", flush=True)
     return results
+
+
+def seeded_again() -> dict:
+    """What ``seed`` returned, read back from a database it filled (--reuse)."""
+    from django.contrib.auth import get_user_model
+
+    from dashboard.accounts.models import Project
+    from dashboard.observatory.models import CompressionEvent, Conversation, Round, ToolExecution
+
+    project = Project.objects.get(slug="bench")
+    first, second = Conversation.objects.filter(project=project).order_by("id").values_list("id", flat=True)[:2]
+    seeded_round = Round.objects.filter(conversation_id=second).order_by("index").first()
+    return {
+        "user": get_user_model().objects.get(username="bench"), "project": project, "conversation": first,
+        "execution": ToolExecution.objects.filter(conversation_id=first).first().pk,
+        "compression": CompressionEvent.objects.filter(conversation_id=first).first().pk, "trace": "ab" * 16,
+        "compare": [Conversation.objects.get(project=project, external_id=f"compare-{side}").pk for side in (1, 2)],
+        "seeded_trace": seeded_round.trace_id or "ab" * 16, "round": seeded_round.pk,
+    }
+
+
+def retention_day_drop(seeded: dict) -> str:
+    """Drop the oldest full day of spans the way the daily purge does
+    (spans_partitions_drop, with the project's retention set so that day is the
+    newest one past it), timed; the days before it (empty or partial) go first."""
+    from django.db import connection
+
+    from dashboard.observatory import partitions
+    from dashboard.observatory.models import Span
+    from dashboard.tuning.models import RetentionPolicy
+
+    if not partitions.spans_partitioned():
+        return "spans are not partitioned here (SQLite keeps row deletes): nothing to time"
+    days = partitions.span_day_partitions()
+    sizes = {}
+    with connection.cursor() as cursor:
+        for day, name in days.items():
+            cursor.execute(f"SELECT count(*) FROM {connection.ops.quote_name(name)}")
+            sizes[day] = cursor.fetchone()[0]
+    day = min(day for day, size in sizes.items() if size >= max(sizes.values()) / 2)
+    now = datetime.now(timezone.utc)
+    span_days = (now.date() - day).days - 1  # so `day` is the newest day past retention
+    policy, _ = RetentionPolicy.objects.get_or_create(project=seeded["project"])
+    policy.span_days = span_days + 1  # first the older days (their own drops are not the figure)
+    policy.save()
+    older = partitions.spans_partitions_drop(now=now)
+    policy.span_days = span_days
+    policy.save()
+    started = time.perf_counter()
+    dropped = partitions.spans_partitions_drop(now=now)
+    seconds = time.perf_counter() - started
+    return (f"{dropped} ({sizes[day]:,} spans) dropped in {seconds * 1000:.0f} ms; {len(older)} older day(s) "
+            f"dropped before; {Span.objects.count():,} spans left")
 
 
 def main() -> None:
@@ -401,6 +592,12 @@ def main() -> None:
                         help="recompute conversation totals with the real derivation (slow on 100k)")
     parser.add_argument("--db-url", default="", help="postgres://... (default: SQLite in a temp data dir)")
     parser.add_argument("--compare-rounds", type=int, default=200, help="rounds of each compared conversation")
+    parser.add_argument("--spans", type=int, default=0,
+                        help="seed about this many spans for the conversations (0: one trace of 60)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="--db-url only: measure the database an earlier run seeded (no seeding)")
+    parser.add_argument("--retention", action="store_true",
+                        help="PostgreSQL: after the pages, drop one day of spans as the daily purge does, timed")
     parser.add_argument("--csv-rows", type=int, default=0,
                         help="stream a CSV of this many tool calls and report the memory it took (0: skip)")
     args = parser.parse_args()
@@ -409,18 +606,27 @@ def main() -> None:
         setup_django(args.db_url, data_dir)
         from django.db import connection
 
-        print(f"Seeding {connection.vendor}: {args.conversations:,} conversations, "
-              f"{args.tool_executions:,} tool executions", flush=True)
+        if not args.reuse:
+            print(f"Seeding {connection.vendor}: {args.conversations:,} conversations, "
+                  f"{args.tool_executions:,} tool executions, {args.spans:,} spans", flush=True)
         started = time.perf_counter()
-        seeded = seed(args.conversations, args.tool_executions, args.rounds, args.real_totals, args.compare_rounds)
-        artifacts(seeded["project"])
-        print(f"Seeded in {time.perf_counter() - started:.1f} s; {args.requests} requests per page\n", flush=True)
+        if args.reuse and args.db_url:
+            seeded = seeded_again()
+            print("Reusing the seeded database", flush=True)
+        else:
+            seeded = seed(args.conversations, args.tool_executions, args.rounds, args.real_totals,
+                          args.compare_rounds, args.spans)
+            artifacts(seeded["project"])
+            print(f"Seeded in {time.perf_counter() - started:.1f} s; {args.requests} requests per page\n", flush=True)
         results = measure(seeded, args.requests)
         width = max(len(name) for name, *_ in results)
         print(f"{'page':<{width}}  {'p50 ms':>8}  {'p95 ms':>8}  status")
         for name, p50, p95, status in results:
             flag = "" if p95 < 100 else "  (over 100 ms)"
             print(f"{name:<{width}}  {p50:8.1f}  {p95:8.1f}  {status}{flag}")
+        if args.retention:
+            print("\nRetention of one day of spans (partition drop):", flush=True)
+            print("  " + retention_day_drop(seeded), flush=True)
         if args.csv_rows:
             print(f"\nCSV stream of {args.csv_rows:,} tool calls:", flush=True)
             memory = csv_stream_memory(seeded, args.csv_rows)

@@ -213,6 +213,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "observatory.rollup_recent_hours",
         "schedule": crontab(minute=5),
     },
+    # PostgreSQL: the spans' daily partitions, created a week ahead (a no-op on SQLite).
+    "span-partitions-hourly": {
+        "task": "observatory.spans_partitions_maintain",
+        "schedule": crontab(minute=15),
+    },
     "retention-purge-daily": {
         "task": "observatory.purge_expired",
         "schedule": crontab(minute=30, hour=3),

@@ -8,8 +8,8 @@ drains notes every ``OBSERVATORY_DERIVE_DELAY_MS`` after being woken and polls e
 ``POLL_SECONDS`` anyway, so a burst of 100 batches costs one rollup per (project,
 hour), not 100, and notes left by a killed process are taken up after their lease.
 
-The thread also plays Celery beat's part (hourly rollups, daily retention purge),
-so the embedded default needs neither Redis nor cron.
+The thread also plays Celery beat's part (hourly rollups and span partitions, daily
+retention purge), so the embedded default needs neither Redis nor cron.
 
 Under a test runner (``OBSERVATORY_DERIVE_INLINE``, on by default there) the notes
 are drained right after commit in the request, as Celery's eager mode would.
@@ -112,6 +112,10 @@ class DerivationRunner:
         now = time.monotonic()
         if now - self._last_hourly >= 3600 or self._last_hourly == 0.0:
             self._last_hourly = now
+            try:
+                tasks.spans_partitions_maintain()
+            except Exception:  # a lock not had in time: the next hour tries again
+                logger.exception("creating the spans' partitions ahead failed")
             tasks.rollup_recent_hours()
         today = timezone.now().date().isoformat()
         if self._last_purge_day != today:

@@ -175,6 +175,12 @@ class Message(_RecordRow):
         indexes = [models.Index(fields=["conversation", "index"], name="message_conversation_index")]
 
 
+# A tool span outside any conversation that failed (status ERROR or an error type).
+SPAN_TOOL_FAILURE = (
+    ~Q(tool_name="") & Q(conversation__isnull=True) & (Q(status_code=2) | Q(attributes__has_key="error.type"))
+)
+
+
 class Span(models.Model):
     """One OpenTelemetry span. Filled by the OTLP ingest (dashboard.ingest.spans).
 
@@ -188,6 +194,11 @@ class Span(models.Model):
     and a partial index costs an insert nothing when its condition is false. A
     query can use a partial index only when its WHERE implies the condition, so
     the queries that need one say so (``.exclude(tool_call_id="")`` etc.).
+
+    On PostgreSQL the table is partitioned by day on ``start_time`` (migration 0008,
+    observatory.partitions): there the primary key is (id, start_time) and span_unique
+    holds start_time too, as a partitioned table's unique keys must; Django keeps
+    ``id`` (one sequence) as the pk.
     """
 
     # project leads the unique constraint and span_project_time: no index of its own.
@@ -248,6 +259,12 @@ class Span(models.Model):
             models.Index(
                 fields=["project", "start_time"], name="span_tool_time",
                 condition=~Q(tool_name=""),
+            ),
+            # a tool's failed span-only calls (selectors.recent_span_failures): rare rows,
+            # found newest first without walking the tool spans that succeeded
+            models.Index(
+                fields=["project", "tool_name", "-start_time"], name="span_tool_failures",
+                condition=SPAN_TOOL_FAILURE,
             ),
         ]
 
@@ -326,8 +343,12 @@ class ToolExecution(_RecordRow):
     span_id = models.CharField(max_length=16, blank=True)
     # The span of this call, set by the link task (by span_id, else by tool_call_id).
     # Indexed by the partial toolexec_linked_span (null on insert, so free then).
+    # No database constraint: on PostgreSQL spans are partitioned by day and ``id``
+    # alone is not a unique key there. A row delete clears it (Django's SET_NULL); a
+    # dropped day leaves the id of a span that is gone (observatory.partitions says why).
     linked_span = models.ForeignKey(
-        Span, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+        Span, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False,
+        db_constraint=False,
     )
     tool_name = models.CharField(max_length=ID_LENGTH)
     tool_version = models.CharField(max_length=64, default="1.0.0")

@@ -23,6 +23,7 @@ from dashboard.accounts.models import Project
 
 from . import histogram
 from .models import (
+    SPAN_TOOL_FAILURE,
     Artifact,
     CompressionEvent,
     Conversation,
@@ -405,9 +406,8 @@ def recent_span_failures(
 ) -> list[Span]:
     """Failed tool spans outside any conversation (no tool execution describes
     them, so ``recent_failures`` cannot list them), newest first, on the
-    span_tool_time index. Failed: status ERROR or an error type."""
-    qs = Span.objects.filter(project=project, tool_name=tool_name, conversation__isnull=True).exclude(tool_name="")
-    qs = qs.filter(Q(status_code=2) | Q(attributes__has_key="error.type"))
+    partial span_tool_failures index. Failed: status ERROR or an error type."""
+    qs = Span.objects.filter(SPAN_TOOL_FAILURE, project=project, tool_name=tool_name)  # span_tool_failures
     if since is not None:
         qs = qs.filter(start_time__gte=since)
     if until is not None:

@@ -50,6 +50,7 @@ from .models import (
     artifact_file_name,
     artifact_storage,
 )
+from .partitions import span_retention_cutoff
 
 
 @dataclass
@@ -574,7 +575,10 @@ def retention_purge(*, project: Project, now: datetime | None = None) -> PurgeOu
     artifact_days = policy.artifact_days if policy else settings.OBSERVATORY_RETENTION_ARTIFACT_DAYS
     outcome = PurgeOutcome()
 
-    outcome.spans, _ = Span.objects.filter(project=project, start_time__lt=now - timedelta(days=span_days)).delete()
+    # On PostgreSQL the days past every project's retention are dropped whole first
+    # (partitions.spans_partitions_drop, by purge_expired); these deletes take the rest.
+    span_cutoff = span_retention_cutoff(span_days, now)
+    outcome.spans, _ = Span.objects.filter(project=project, start_time__lt=span_cutoff).delete()
     # OTLP log records live as long as spans (by arrival: a record's own time may be missing).
     outcome.log_records, _ = LogRecord.objects.filter(
         project=project, received_at__lt=now - timedelta(days=span_days)

@@ -13,7 +13,7 @@ from django.utils import timezone
 from dashboard.accounts.models import Project
 from dashboard.accounts.throttle import login_throttle_purge
 
-from . import derivations, services, span_rows
+from . import derivations, partitions, services, span_rows
 
 
 @shared_task(name="observatory.conversation_totals_refresh")
@@ -74,13 +74,21 @@ def rollup_recent_hours(hours_back: int = 3) -> int:
     return written
 
 
+@shared_task(name="observatory.spans_partitions_maintain")
+def spans_partitions_maintain() -> list[str]:
+    """Beat, hourly: the spans' daily partitions created ahead (PostgreSQL; else nothing)."""
+    return partitions.spans_partitions_ensure()
+
+
 @shared_task(name="observatory.purge_expired")
 def purge_expired() -> dict[str, int]:
-    """Beat, daily: the retention purge of every project, and spent log-in throttle rows."""
-    totals = {"spans": 0, "records": 0, "conversations": 0, "artifacts": 0}
+    """Beat, daily: the retention purge of every project, and spent log-in throttle rows.
+    On PostgreSQL the span days past every project's retention are dropped whole first."""
+    totals = {"span_partitions": len(partitions.spans_partitions_drop()),
+              "spans": 0, "records": 0, "conversations": 0, "artifacts": 0}
     for project in Project.objects.all():
         outcome = services.retention_purge(project=project)
-        for name in totals:
+        for name in ("spans", "records", "conversations", "artifacts"):
             totals[name] += getattr(outcome, name)
     totals["login_throttles"] = login_throttle_purge()
     return totals

@@ -5,10 +5,10 @@ start time), each with its offset and width in percent of the trace."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Optional
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import BooleanField, Case, Count, Exists, OuterRef, Q, QuerySet, Value, When
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.models import Conversation, Span
@@ -17,6 +17,8 @@ from dashboard.observatory.selectors import trace_spans
 from .conversations import Cursor, _beyond
 
 TRACE_PAGE_SIZE = 50
+TRACE_SKEW = timedelta(hours=1)  # a span of a trace may start this long before its root
+TRACE_SPAN_LIMIT = timedelta(days=1)  # ... and this long after (the trace filters look no further)
 SPAN_KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 STATUS_CODES = {"unset": 0, "ok": 1, "error": 2}
 ROOT_FIELDS = ("id", "project", "trace_id", "span_id", "name", "kind", "start_time", "duration_ms", "status_code",
@@ -61,15 +63,30 @@ def trace_roots(
         qs = qs.filter(start_time__gte=since)
     if until is not None:
         qs = qs.filter(start_time__lt=until)
-    same_trace = Span.objects.filter(project=project, trace_id=OuterRef("trace_id"))
+    # A trace's spans start within its root's run, give or take clock skew: looking only
+    # from an hour before the root to a day after lets PostgreSQL's partitioned spans be
+    # searched in the root's day or two, not in every day. Each test stays a per-root
+    # subquery (CASE WHEN EXISTS): as a semi-join PostgreSQL would read every span of
+    # the project first, where the list needs a few hundred roots checked in order.
+    same_trace = Span.objects.filter(
+        project=project, trace_id=OuterRef("trace_id"),
+        start_time__gte=OuterRef("start_time") - TRACE_SKEW, start_time__lt=OuterRef("start_time") + TRACE_SPAN_LIMIT,
+    )
     if has_errors:
-        qs = qs.filter(Exists(same_trace.filter(status_code=2)))
+        qs = qs.filter(_per_root(same_trace.filter(status_code=2)))
     if q:
-        qs = qs.filter(Exists(same_trace.filter(name__icontains=q)))
+        qs = qs.filter(_per_root(same_trace.filter(name__icontains=q)))
     if conversation_id is not None:
-        # the conversation's traces (span_conversation_time), whichever span names it
-        qs = qs.filter(trace_id__in=Span.objects.filter(conversation_id=conversation_id).values("trace_id"))
+        # The conversation's traces (span_conversation_time), whichever span names it, read
+        # first: as a subquery PostgreSQL would walk every root of the project testing each.
+        qs = qs.filter(trace_id__in=sorted(set(
+            Span.objects.filter(conversation_id=conversation_id).values_list("trace_id", flat=True)
+        )))
     return qs
+
+
+def _per_root(spans: QuerySet[Span]) -> Case:
+    return Case(When(Exists(spans), then=Value(True)), default=Value(False), output_field=BooleanField())
 
 
 def trace_page(qs: QuerySet[Span], *, after: str = "", before: str = "",

@@ -254,4 +254,4 @@ def test_it_runs_the_beat_tasks_over_all_projects(project, records):
     store(project, [records.tool_result()])
     assert tasks.rollup_recent_hours(hours_back=3) == 1
     assert tasks.rollup_recent_hours(hours_back=3) == 1
-    assert tasks.purge_expired() == {"spans": 0, "records": 0, "conversations": 0, "artifacts": 0, "login_throttles": 0}
+    assert tasks.purge_expired() == {"span_partitions": 0, "spans": 0, "records": 0, "conversations": 0, "artifacts": 0, "login_throttles": 0}

@@ -5,6 +5,7 @@ The embedded default has no Celery beat; run this daily from cron instead."""
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.accounts.models import Project
+from dashboard.observatory.partitions import spans_partitions_drop
 from dashboard.observatory.services import retention_purge
 
 
@@ -20,6 +21,10 @@ class Command(BaseCommand):
             projects = projects.filter(slug=project)
             if not projects.exists():
                 raise CommandError(f"no project {project!r}")
+        if not project:
+            # PostgreSQL: the span days past every project's retention, dropped whole.
+            dropped = spans_partitions_drop()
+            self.stdout.write(f"{len(dropped)} span partitions dropped")
         for item in projects:
             outcome = retention_purge(project=item)
             self.stdout.write(
