@@ -185,6 +185,16 @@ def create_project_and_key(env: dict[str, str]) -> str:
     return manage(env, "shell", "-c", code).strip().splitlines()[-1]
 
 
+_postgres_pids: list[int] = []  # the running private cluster's postmaster, for its CPU time
+
+
+def database_cpu_seconds() -> float:
+    """CPU time of the private PostgreSQL (postmaster and backends, those ended
+    included: a backend's time is added to its parent's when it exits); 0 on SQLite,
+    whose work is done inside gunicorn's processes."""
+    return cpu_seconds(process_tree(_postgres_pids[0])) if _postgres_pids else 0.0
+
+
 @contextmanager
 def private_postgres(workdir: Path) -> Iterator[str]:
     """A throwaway PostgreSQL cluster owned by user postgres; yields its DATABASE_URL."""
@@ -203,6 +213,8 @@ def private_postgres(workdir: Path) -> Iterator[str]:
         timeout=120,
     )
     try:
+        _postgres_pids.clear()
+        _postgres_pids.append(int((data / "postmaster.pid").read_text().split()[0]))
         yield f"postgres://postgres@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run(
@@ -211,23 +223,37 @@ def private_postgres(workdir: Path) -> Iterator[str]:
 
 
 @contextmanager
-def gunicorn(env: dict[str, str], port: int, *, workers: int, worker_class: str, threads: int) -> Iterator[subprocess.Popen]:
-    command = [
-        GUNICORN,
-        "dashboard.wsgi:application",
-        "--bind", f"127.0.0.1:{port}",
-        "--workers", str(workers),
-        "--worker-class", worker_class,
-        "--threads", str(threads),
-        "--timeout", "120",
-        "--log-level", "warning",
-    ]
-    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def gunicorn(env: dict[str, str], port: int, args: argparse.Namespace, log: Path) -> Iterator[subprocess.Popen]:
+    """gunicorn as deployed: deploy/gunicorn.conf.py (workers, gthread threads,
+    preload, the ingest gate sized from WEB_THREADS, the access log), only bound
+    to this port; or, with ``--workers``/``--worker-class``/``--threads``, plain
+    gunicorn with those (the setup of the figures measured before the config)."""
+    if args.worker_class:
+        command = [
+            GUNICORN, "dashboard.wsgi:application",
+            "--bind", f"127.0.0.1:{port}",
+            "--workers", str(args.workers or 2),
+            "--worker-class", args.worker_class,
+            "--threads", str(args.threads or 1),
+            "--timeout", "120",
+            "--log-level", "warning",
+        ]
+    else:
+        env = {**env, "OBSERVATORY_BIND": f"127.0.0.1:{port}", "WEB_TIMEOUT": "120", "WEB_LOG_LEVEL": "warning"}
+        if args.workers:
+            env["WEB_CONCURRENCY"] = str(args.workers)
+        if args.threads:
+            env["WEB_THREADS"] = str(args.threads)
+        command = [GUNICORN, "--config", str(ROOT / "deploy" / "gunicorn.conf.py"), "dashboard.wsgi:application"]
+    # Output to a file, not a pipe nobody reads while the run lasts (a full pipe
+    # would stall the server); the access log is written as deployed, to stdout.
+    with open(log, "w") as errors:
+        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errors, text=True)
     try:
         deadline = time.monotonic() + 60
         while True:
             if server.poll() is not None:
-                raise SystemExit(f"gunicorn exited: {server.stderr.read()[-2000:]}")
+                raise SystemExit(f"gunicorn exited: {log.read_text()[-2000:]}")
             try:
                 connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 connection.request("GET", "/v1/traces")
@@ -247,6 +273,15 @@ def gunicorn(env: dict[str, str], port: int, *, workers: int, worker_class: str,
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+def server_setup(args: argparse.Namespace) -> str:
+    """The gunicorn setup a run used, for the report."""
+    if args.worker_class:
+        threads = f" x {args.threads or 1} threads" if args.worker_class == "gthread" else ""
+        return f"{args.workers or 2} workers, {args.worker_class}{threads}"
+    workers = args.workers or max(2, 2 * (os.cpu_count() or 1))
+    return f"deploy/gunicorn.conf.py: {workers} workers, gthread x {args.threads or 4} threads, preload, access log"
 
 
 def process_tree(pid: int) -> list[int]:
@@ -300,7 +335,7 @@ def send_all(port: int, path: str, content_type: str, key: str, bodies: list[byt
     work: queue.Queue[bytes] = queue.Queue()
     for body in bodies:
         work.put(body)
-    counters: dict[str, int] = {"retries": 0, "failures": 0}
+    counters: dict[str, int] = {"retries": 0, "failures": 0, "429": 0, "503": 0}
     first_failure: list[str] = []
     lock = threading.Lock()
     deadline = time.monotonic() + RUN_DEADLINE
@@ -327,6 +362,7 @@ def send_all(port: int, path: str, content_type: str, key: str, bodies: list[byt
                 if response.status in (429, 503):
                     with lock:
                         counters["retries"] += 1
+                        counters[str(response.status)] += 1
                     time.sleep(float(response.getheader("Retry-After", "1")))
                     continue
                 if response.status != 200:
@@ -340,6 +376,9 @@ def send_all(port: int, path: str, content_type: str, key: str, bodies: list[byt
     elapsed = run_threads([client] * clients)
     if first_failure:
         print(f"  first failure: {first_failure[0]}", flush=True)
+    if counters["retries"]:
+        print(f"  {path}: retried {counters['retries']} (429: {counters['429']}, 503: {counters['503']}, "
+              f"connection: {counters['retries'] - counters['429'] - counters['503']})", flush=True)
     return elapsed, counters["retries"], counters["failures"]
 
 
@@ -400,7 +439,7 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
             manage(env, "migrate", "--noinput")
             key = create_project_and_key(env)
             port = free_port()
-            with gunicorn(env, port, workers=args.workers, worker_class=args.worker_class, threads=args.threads) as server:
+            with gunicorn(env, port, args, workdir / "gunicorn.log") as server:
                 warm_up(port, key, clients=args.clients)
                 # Records first, then spans: each path on a database the other
                 # barely touched (the records' eager link task scans recent
@@ -412,11 +451,14 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
                 settle_seconds = settle(server.pid)
                 record_rss_kib = peak_rss_kib(process_tree(server.pid))
                 cpu_middle = cpu_seconds(process_tree(server.pid))
+                database_before, client_before = database_cpu_seconds(), time.process_time()
                 span_seconds, span_retries, span_failures = send_all(
                     port, "/v1/traces", "application/x-protobuf", key, spans, args.clients
                 )
                 rss_kib = peak_rss_kib(process_tree(server.pid))
                 cpu_after = cpu_seconds(process_tree(server.pid))
+                span_database_cpu = database_cpu_seconds() - database_before
+                span_client_cpu = time.process_time() - client_before
             stored_spans, stored_records = count_rows(env)
         return {
             "db": db,
@@ -427,6 +469,8 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
             "span_cpu": cpu_after - cpu_middle,
             "rss_mb": rss_kib / 1024,
             "settle_seconds": settle_seconds,
+            "span_database_cpu": span_database_cpu,
+            "span_client_cpu": span_client_cpu,
         }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -447,9 +491,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records-per-batch", type=int, default=500)
     parser.add_argument("--genai-every", type=int, default=0, help="one span in N has GenAI attributes (0: none)")
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--worker-class", choices=["sync", "gthread"], default="sync")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=None,
+                        help="gunicorn workers (default: deploy/gunicorn.conf.py's, two a core)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads a worker (default: deploy/gunicorn.conf.py's, 4)")
+    parser.add_argument("--worker-class", choices=["sync", "gthread"], default=None,
+                        help="run plain gunicorn with this worker class instead of deploy/gunicorn.conf.py")
     args = parser.parse_args(argv)
 
     print(f"building {args.batches} span batches and {args.record_batches} record batches ...", flush=True)
@@ -466,9 +513,8 @@ def main(argv: list[str] | None = None) -> None:
         results.append(run_one(db, args, spans, records))
 
     print()
-    print(f"gunicorn: {args.workers} workers, {args.worker_class}"
-          + (f" x {args.threads} threads" if args.worker_class == "gthread" else "")
-          + f", {args.clients} client threads, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"gunicorn: {server_setup(args)}; {args.spans_per_batch} spans a batch, {args.clients} client threads, "
+          f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"{'db':<9} {'path':<8} {'sent':>8} {'stored':>8} {'seconds':>8} {'rows/s':>9} {'req/s':>7} "
           f"{'rows/cpu-s':>10} {'retries':>8} {'fails':>6} {'peak RSS':>9}")
     for result in results:
@@ -484,6 +530,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"{phase.per_second:>9.0f} {phase.requests_per_second:>7.0f} {phase.stored / cpu if cpu else 0:>10.0f} {phase.retries:>8} "
                 f"{phase.failures:>6} {rss:>7.0f}MB"
             )
+    for result in results:
+        spans_phase = result["spans"]
+        server, database, client = result["span_cpu"], result["span_database_cpu"], result["span_client_cpu"]
+        per_request = (server + database + client) / spans_phase.requests if spans_phase.requests else 0.0
+        print(f"{result['db']} spans: CPU a request {per_request * 1000:.2f} ms (gunicorn {server / spans_phase.requests * 1000:.2f}, "
+              f"database {database / spans_phase.requests * 1000:.2f}, client {client / spans_phase.requests * 1000:.2f}): "
+              f"{os.cpu_count()} idle CPUs would take about {(os.cpu_count() or 1) / per_request if per_request else 0:.0f} requests/s")
     for result in results:
         print(f"{result['db']}: after the records the server was busy deriving for {result['settle_seconds']:.1f} s "
               "(counted in their rows/cpu-s)")
