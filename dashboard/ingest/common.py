@@ -494,7 +494,7 @@ def error_response(
 
 # --- load -------------------------------------------------------------------------
 
-GATE_WAIT = 0.05  # seconds a request waits for a place in a full ingest gate
+GATE_WAIT = 0.1  # seconds a request waits for a place in a full ingest gate
 _gate_free = threading.Condition()
 _gate_in_use = 0
 _gate_waiting = 0  # requests waiting for a place (so a release without waiters notifies nobody)
