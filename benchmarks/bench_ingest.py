@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -223,56 +223,65 @@ def private_postgres(workdir: Path) -> Iterator[str]:
 
 
 @contextmanager
-def gunicorn(env: dict[str, str], port: int, args: argparse.Namespace, log: Path) -> Iterator[subprocess.Popen]:
+def gunicorn(
+    env: dict[str, str], port: int, *, workers: int | None = None, worker_class: str | None = None,
+    threads: int | None = None, log: Path | None = None,
+) -> Iterator[subprocess.Popen]:
     """gunicorn as deployed: deploy/gunicorn.conf.py (workers, gthread threads,
     preload, the ingest gate sized from WEB_THREADS, the access log), only bound
     to this port; or, with ``--workers``/``--worker-class``/``--threads``, plain
     gunicorn with those (the setup of the figures measured before the config)."""
-    if args.worker_class:
+    if worker_class:
         command = [
             GUNICORN, "dashboard.wsgi:application",
             "--bind", f"127.0.0.1:{port}",
-            "--workers", str(args.workers or 2),
-            "--worker-class", args.worker_class,
-            "--threads", str(args.threads or 1),
+            "--workers", str(workers or 2),
+            "--worker-class", worker_class,
+            "--threads", str(threads or 1),
             "--timeout", "120",
             "--log-level", "warning",
         ]
     else:
         env = {**env, "OBSERVATORY_BIND": f"127.0.0.1:{port}", "WEB_TIMEOUT": "120", "WEB_LOG_LEVEL": "warning"}
-        if args.workers:
-            env["WEB_CONCURRENCY"] = str(args.workers)
-        if args.threads:
-            env["WEB_THREADS"] = str(args.threads)
+        if workers:
+            env["WEB_CONCURRENCY"] = str(workers)
+        if threads:
+            env["WEB_THREADS"] = str(threads)
         command = [GUNICORN, "--config", str(ROOT / "deploy" / "gunicorn.conf.py"), "dashboard.wsgi:application"]
     # Output to a file, not a pipe nobody reads while the run lasts (a full pipe
     # would stall the server); the access log is written as deployed, to stdout.
-    with open(log, "w") as errors:
+    errors = open(log, "w+") if log else tempfile.TemporaryFile("w+")
+    with errors:
         server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errors, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"gunicorn exited: {log.read_text()[-2000:]}")
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                connection.request("GET", "/v1/traces")
-                connection.getresponse().read()
-                connection.close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("gunicorn did not start within 60 s") from None
-                time.sleep(0.2)
-        yield server
-    finally:
-        if server.poll() is None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+        try:
+            yield _started(server, port, errors)
+        finally:
+            if server.poll() is None:
+                server.send_signal(signal.SIGTERM)
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
+
+
+def _started(server: subprocess.Popen, port: int, errors: Any) -> subprocess.Popen:
+    """``server`` once it answers on ``port``."""
+    deadline = time.monotonic() + 60
+    while True:
+        if server.poll() is not None:
+            errors.seek(0)
+            raise SystemExit(f"gunicorn exited: {errors.read()[-2000:]}")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/v1/traces")
+            connection.getresponse().read()
+            connection.close()
+            return server
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit("gunicorn did not start within 60 s") from None
+            time.sleep(0.2)
 
 
 def server_setup(args: argparse.Namespace) -> str:
@@ -439,7 +448,8 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
             manage(env, "migrate", "--noinput")
             key = create_project_and_key(env)
             port = free_port()
-            with gunicorn(env, port, args, workdir / "gunicorn.log") as server:
+            with gunicorn(env, port, workers=args.workers, worker_class=args.worker_class, threads=args.threads,
+                          log=workdir / "gunicorn.log") as server:
                 warm_up(port, key, clients=args.clients)
                 # Records first, then spans: each path on a database the other
                 # barely touched (the records' eager link task scans recent
