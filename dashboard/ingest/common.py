@@ -80,9 +80,7 @@ def authenticate_header(header: str) -> tuple[Project, int]:
     digest = hash_key(token) if len(token) <= _MAX_KEY_TEXT else ""
     known = _known_keys.get(digest) if digest else None
     if known is not None:
-        with database_errors_as_busy(), connection.cursor() as cursor:
-            cursor.execute(_key_check_query(), [known.key_id, digest, known.project.pk])
-            row = cursor.fetchone()
+        row = _key_row(_key_check_query(), [known.key_id, digest, known.project.pk])
         if row is None:  # deleted, or its project deleted
             _known_keys.pop(digest, None)
             raise IngestError(401, "invalid API key")
@@ -91,9 +89,7 @@ def authenticate_header(header: str) -> tuple[Project, int]:
         prefix = key_prefix(token)
         if prefix is None:
             raise IngestError(401, "invalid API key")
-        with database_errors_as_busy(), connection.cursor() as cursor:
-            cursor.execute(_key_query(), [prefix])
-            row = cursor.fetchone()
+        row = _key_row(_key_query(), [prefix])
         if row is None or not hmac.compare_digest(row[1], digest):
             raise IngestError(401, "invalid API key")
         key_id, _, revoked_at, last_used_at, *project_values = row
@@ -108,6 +104,26 @@ def authenticate_header(header: str) -> tuple[Project, int]:
         with database_errors_as_busy():
             ApiKey.objects.filter(pk=known.key_id).update(last_used_at=now)
     return known.project, known.key_id
+
+
+def _key_row(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+    """One row of a key query. The first statement of every ingest request, which
+    runs without Django's connection health check (``ingest_gate``): when the
+    database dropped the connection this thread kept (a restart, an idle timeout)
+    the read fails, and is made once more on a new connection, so the dropped
+    connection costs nothing but the reconnect, as the health check would have."""
+    with database_errors_as_busy():
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return cursor.fetchone()
+        except OperationalError:
+            if connection.in_atomic_block:
+                raise
+            connection.close()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,9 +550,10 @@ def ingest_gate() -> Iterator[None]:
         _gate_in_use += 1
     _request_memory.held = 0
     # No CONN_HEALTH_CHECKS query (a round trip on PostgreSQL) before the first
-    # statement: in here a dead connection costs one 503 with Retry-After instead
-    # of a 500, and Django closes it at the end of the request (close_old_connections,
-    # also called around every gRPC export) because an error occurred on it.
+    # statement: the first statement in here is the key's read, which reconnects
+    # once by itself when the connection was dropped (``_key_row``); a later
+    # database error is a 503 with Retry-After, and Django closes the connection
+    # at the end of the request (close_old_connections, also around every gRPC export).
     connection.health_check_done = True
     try:
         with database_errors_as_busy():

@@ -1,7 +1,8 @@
 """Ingest skips Django's per-request connection health check (a round trip on
-PostgreSQL). A connection the database dropped then costs its request a 503 with
-Retry-After, never a 500, and the next request works on a new connection: a real
-gunicorn (deploy/gunicorn.conf.py) on PostgreSQL whose backends are terminated."""
+PostgreSQL); its first read, the key's, reconnects once by itself instead. So
+connections the database dropped cost the senders nothing: a real gunicorn
+(deploy/gunicorn.conf.py) on PostgreSQL whose backends are all terminated keeps
+answering 200, and stores every batch."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def post(connection: http.client.HTTPConnection, key: str, body: bytes) -> tuple
     return response.status, response.getheader("Retry-After")
 
 
-def test_it_answers_503_then_reconnects_when_the_database_dropped_its_connections(tmp_path_factory):
+def test_it_reconnects_when_the_database_dropped_its_connections(tmp_path_factory):
     import psycopg
 
     with running_stack(tmp_path_factory.mktemp("reconnect")) as stack:
@@ -50,16 +51,10 @@ def test_it_answers_503_then_reconnects_when_the_database_dropped_its_connection
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 ).fetchone()[0]
             assert dropped >= 1
-            statuses = []
-            for number, connection in enumerate(connections):
-                status, retry_after = post(connection, stack.key, spans_body(2, number + 1))
-                statuses.append(status)
-                if status == 503:
-                    assert retry_after  # the exporter retries the batch
-                    status, _ = post(connection, stack.key, spans_body(2, number + 1))  # as it would
-                assert status == 200
-            assert set(statuses) <= {200, 503}
+            for round_ in range(2, 5):  # every thread's connection was dropped: reach them all
+                for number, connection in enumerate(connections):
+                    assert post(connection, stack.key, spans_body(round_, number + 1)) == (200, None)
         finally:
             for connection in connections:
                 connection.close()
-        assert stack.rows("SELECT count(*) FROM observatory_span")[0][0] == 2 * CONNECTIONS
+        assert stack.rows("SELECT count(*) FROM observatory_span")[0][0] == 4 * CONNECTIONS
