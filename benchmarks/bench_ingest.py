@@ -3,9 +3,15 @@
 
     .venv/bin/python -m benchmarks.bench_ingest --db both --batches 100
 
+Small batches (the cost of a request rather than of a span):
+
+    .venv/bin/python -m benchmarks.bench_ingest --db both --spans-per-batch 10 --batches 6000 \
+        --clients 16 --record-batches 2 --records-per-batch 10 [--floor]
+
 For each database it makes a fresh data dir (and for PostgreSQL its own cluster
 under a temp dir, run as user postgres, stopped at the end), migrates, creates a
-project and a key, starts gunicorn on 127.0.0.1 on a free port, and sends
+project and a key, starts gunicorn on 127.0.0.1 on a free port as deployed
+(deploy/gunicorn.conf.py; ``--worker-class`` runs plain gunicorn instead), and sends
 pre-built batches from a few client threads: OTLP protobuf batches of 1,000 spans
 (about 600 bytes, 10 attributes each) and JSON batches of ToolResultRecords. A
 throughput is the count of rows found in the database at the end (so only stored
@@ -15,9 +21,15 @@ short phase measures ingest rather than a worker's start. Between the phases the
 server is left to finish the derivations the records started (a background
 thread per worker), so they do not slow the span phase; their CPU counts for the
 records (rows/cpu-s), not the span phase. The server's peak memory is the sum of
-VmHWM over the gunicorn master and its workers.
+VmHWM over the gunicorn master and its workers. For the span phase it also reports
+requests/s, the retries by status, and the CPU a request took in gunicorn, in
+PostgreSQL and in the client, with the requests/s two idle CPUs would take at that
+cost (the machine is shared, so this says more than the wall-clock rate); ``--floor``
+sends the same batches once more with an unknown key, refused before any database
+work: what gunicorn and Django cost for a request that stores nothing.
 
-Targets on the 2-core machine: >= 20,000 spans/s, >= 10,000 records/s, RSS < 300 MB.
+Targets on the 2-core machine: >= 20,000 spans/s, >= 10,000 records/s, RSS < 300 MB;
+10-span batches from 16 senders: >= 1,500 requests/s.
 Bounded: every request has a timeout, the run has a deadline, and every process
 started here is stopped (also on Ctrl-C).
 """
@@ -335,7 +347,9 @@ def peak_rss_kib(pids: list[int]) -> int:
 # --- load -----------------------------------------------------------------------
 
 
-def send_all(port: int, path: str, content_type: str, key: str, bodies: list[bytes], clients: int) -> tuple[float, int, int]:
+def send_all(
+    port: int, path: str, content_type: str, key: str, bodies: list[bytes], clients: int, *, expect: int = 200
+) -> tuple[float, int, int]:
     """Send every body from ``clients`` threads over keep-alive connections.
 
     429/503 are retried after their Retry-After, as an OTLP exporter does.
@@ -374,7 +388,7 @@ def send_all(port: int, path: str, content_type: str, key: str, bodies: list[byt
                         counters[str(response.status)] += 1
                     time.sleep(float(response.getheader("Retry-After", "1")))
                     continue
-                if response.status != 200:
+                if response.status != expect:
                     with lock:
                         counters["failures"] += 1
                         if not first_failure:
@@ -399,6 +413,21 @@ def warm_up(port: int, key: str, *, clients: int) -> None:
     for _ in range(3):
         send_all(port, "/api/v1/records", "application/json", key, [empty_records] * clients * 2, clients)
         send_all(port, "/v1/traces", "application/x-protobuf", key, [empty_spans] * clients * 2, clients)
+
+
+def measure_floor(port: int, pid: int, bodies: list[bytes], clients: int) -> tuple[float, float, float]:
+    """What the stack costs for a request that stores nothing: the same bodies sent
+    with a well-formed key that does not exist, refused (401) before any database
+    work. Returns (requests/s, gunicorn CPU ms a request, client CPU ms a request)."""
+    unknown = "po_0123456789abcdef_" + "A" * 43
+    gunicorn_before, client_before = cpu_seconds(process_tree(pid)), time.process_time()
+    seconds, _, failures = send_all(port, "/v1/traces", "application/x-protobuf", unknown, bodies, clients,
+                                    expect=401)
+    if failures:
+        print(f"  floor: {failures} answers were not 401", flush=True)
+    requests = len(bodies)
+    return (requests / seconds, (cpu_seconds(process_tree(pid)) - gunicorn_before) / requests * 1000,
+            (time.process_time() - client_before) / requests * 1000)
 
 
 def settle(pid: int, *, idle_cpu: float = 0.03, interval: float = 0.25, deadline: float = 30.0) -> float:
@@ -469,6 +498,7 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
                 cpu_after = cpu_seconds(process_tree(server.pid))
                 span_database_cpu = database_cpu_seconds() - database_before
                 span_client_cpu = time.process_time() - client_before
+                floor = measure_floor(port, server.pid, spans, args.clients) if args.floor else None
             stored_spans, stored_records = count_rows(env)
         return {
             "db": db,
@@ -481,6 +511,7 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
             "settle_seconds": settle_seconds,
             "span_database_cpu": span_database_cpu,
             "span_client_cpu": span_client_cpu,
+            "floor": floor,
         }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -501,6 +532,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records-per-batch", type=int, default=500)
     parser.add_argument("--genai-every", type=int, default=0, help="one span in N has GenAI attributes (0: none)")
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--floor", action="store_true",
+                        help="also send the span batches with an unknown key: what a request costs that stores nothing")
     parser.add_argument("--workers", type=int, default=None,
                         help="gunicorn workers (default: deploy/gunicorn.conf.py's, two a core)")
     parser.add_argument("--threads", type=int, default=None,
@@ -547,6 +580,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{result['db']} spans: CPU a request {per_request * 1000:.2f} ms (gunicorn {server / spans_phase.requests * 1000:.2f}, "
               f"database {database / spans_phase.requests * 1000:.2f}, client {client / spans_phase.requests * 1000:.2f}): "
               f"{os.cpu_count()} idle CPUs would take about {(os.cpu_count() or 1) / per_request if per_request else 0:.0f} requests/s")
+    for result in results:
+        if result["floor"]:
+            rate, server_ms, client_ms = result["floor"]
+            print(f"{result['db']} floor (the same requests refused for their key, nothing stored): {rate:.0f} requests/s; "
+                  f"CPU a request gunicorn {server_ms:.2f} ms, client {client_ms:.2f} ms: {os.cpu_count()} idle CPUs "
+                  f"would take about {(os.cpu_count() or 1) / (server_ms + client_ms) * 1000:.0f} requests/s")
     for result in results:
         print(f"{result['db']}: after the records the server was busy deriving for {result['settle_seconds']:.1f} s "
               "(counted in their rows/cpu-s)")
