@@ -3,9 +3,15 @@
 
     .venv/bin/python -m benchmarks.bench_ingest --db both --batches 100
 
+Small batches (the cost of a request rather than of a span):
+
+    .venv/bin/python -m benchmarks.bench_ingest --db both --spans-per-batch 10 --batches 6000 \
+        --clients 16 --record-batches 2 --records-per-batch 10 [--floor]
+
 For each database it makes a fresh data dir (and for PostgreSQL its own cluster
 under a temp dir, run as user postgres, stopped at the end), migrates, creates a
-project and a key, starts gunicorn on 127.0.0.1 on a free port, and sends
+project and a key, starts gunicorn on 127.0.0.1 on a free port as deployed
+(deploy/gunicorn.conf.py; ``--worker-class`` runs plain gunicorn instead), and sends
 pre-built batches from a few client threads: OTLP protobuf batches of 1,000 spans
 (about 600 bytes, 10 attributes each) and JSON batches of ToolResultRecords. A
 throughput is the count of rows found in the database at the end (so only stored
@@ -15,9 +21,15 @@ short phase measures ingest rather than a worker's start. Between the phases the
 server is left to finish the derivations the records started (a background
 thread per worker), so they do not slow the span phase; their CPU counts for the
 records (rows/cpu-s), not the span phase. The server's peak memory is the sum of
-VmHWM over the gunicorn master and its workers.
+VmHWM over the gunicorn master and its workers. For the span phase it also reports
+requests/s, the retries by status, and the CPU a request took in gunicorn, in
+PostgreSQL and in the client, with the requests/s two idle CPUs would take at that
+cost (the machine is shared, so this says more than the wall-clock rate); ``--floor``
+sends the same batches once more with an unknown key, refused before any database
+work: what gunicorn and Django cost for a request that stores nothing.
 
-Targets on the 2-core machine: >= 20,000 spans/s, >= 10,000 records/s, RSS < 300 MB.
+Targets on the 2-core machine: >= 20,000 spans/s, >= 10,000 records/s, RSS < 300 MB;
+10-span batches from 16 senders: >= 1,500 requests/s.
 Bounded: every request has a timeout, the run has a deadline, and every process
 started here is stopped (also on Ctrl-C).
 """
@@ -43,7 +55,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -185,6 +197,16 @@ def create_project_and_key(env: dict[str, str]) -> str:
     return manage(env, "shell", "-c", code).strip().splitlines()[-1]
 
 
+_postgres_pids: list[int] = []  # the running private cluster's postmaster, for its CPU time
+
+
+def database_cpu_seconds() -> float:
+    """CPU time of the private PostgreSQL (postmaster and backends, those ended
+    included: a backend's time is added to its parent's when it exits); 0 on SQLite,
+    whose work is done inside gunicorn's processes."""
+    return cpu_seconds(process_tree(_postgres_pids[0])) if _postgres_pids else 0.0
+
+
 @contextmanager
 def private_postgres(workdir: Path) -> Iterator[str]:
     """A throwaway PostgreSQL cluster owned by user postgres; yields its DATABASE_URL."""
@@ -203,6 +225,8 @@ def private_postgres(workdir: Path) -> Iterator[str]:
         timeout=120,
     )
     try:
+        _postgres_pids.clear()
+        _postgres_pids.append(int((data / "postmaster.pid").read_text().split()[0]))
         yield f"postgres://postgres@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run(
@@ -211,42 +235,74 @@ def private_postgres(workdir: Path) -> Iterator[str]:
 
 
 @contextmanager
-def gunicorn(env: dict[str, str], port: int, *, workers: int, worker_class: str, threads: int) -> Iterator[subprocess.Popen]:
-    command = [
-        GUNICORN,
-        "dashboard.wsgi:application",
-        "--bind", f"127.0.0.1:{port}",
-        "--workers", str(workers),
-        "--worker-class", worker_class,
-        "--threads", str(threads),
-        "--timeout", "120",
-        "--log-level", "warning",
-    ]
-    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"gunicorn exited: {server.stderr.read()[-2000:]}")
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                connection.request("GET", "/v1/traces")
-                connection.getresponse().read()
-                connection.close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("gunicorn did not start within 60 s") from None
-                time.sleep(0.2)
-        yield server
-    finally:
-        if server.poll() is None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+def gunicorn(
+    env: dict[str, str], port: int, *, workers: int | None = None, worker_class: str | None = None,
+    threads: int | None = None, log: Path | None = None,
+) -> Iterator[subprocess.Popen]:
+    """gunicorn as deployed: deploy/gunicorn.conf.py (workers, gthread threads,
+    preload, the ingest gate sized from WEB_THREADS, the access log), only bound
+    to this port; or, with ``--workers``/``--worker-class``/``--threads``, plain
+    gunicorn with those (the setup of the figures measured before the config)."""
+    if worker_class:
+        command = [
+            GUNICORN, "dashboard.wsgi:application",
+            "--bind", f"127.0.0.1:{port}",
+            "--workers", str(workers or 2),
+            "--worker-class", worker_class,
+            "--threads", str(threads or 1),
+            "--timeout", "120",
+            "--log-level", "warning",
+        ]
+    else:
+        env = {**env, "OBSERVATORY_BIND": f"127.0.0.1:{port}", "WEB_TIMEOUT": "120", "WEB_LOG_LEVEL": "warning"}
+        if workers:
+            env["WEB_CONCURRENCY"] = str(workers)
+        if threads:
+            env["WEB_THREADS"] = str(threads)
+        command = [GUNICORN, "--config", str(ROOT / "deploy" / "gunicorn.conf.py"), "dashboard.wsgi:application"]
+    # Output to a file, not a pipe nobody reads while the run lasts (a full pipe
+    # would stall the server); the access log is written as deployed, to stdout.
+    errors = open(log, "w+") if log else tempfile.TemporaryFile("w+")
+    with errors:
+        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errors, text=True)
+        try:
+            yield _started(server, port, errors)
+        finally:
+            if server.poll() is None:
+                server.send_signal(signal.SIGTERM)
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
+
+
+def _started(server: subprocess.Popen, port: int, errors: Any) -> subprocess.Popen:
+    """``server`` once it answers on ``port``."""
+    deadline = time.monotonic() + 60
+    while True:
+        if server.poll() is not None:
+            errors.seek(0)
+            raise SystemExit(f"gunicorn exited: {errors.read()[-2000:]}")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/v1/traces")
+            connection.getresponse().read()
+            connection.close()
+            return server
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit("gunicorn did not start within 60 s") from None
+            time.sleep(0.2)
+
+
+def server_setup(args: argparse.Namespace) -> str:
+    """The gunicorn setup a run used, for the report."""
+    if args.worker_class:
+        threads = f" x {args.threads or 1} threads" if args.worker_class == "gthread" else ""
+        return f"{args.workers or 2} workers, {args.worker_class}{threads}"
+    workers = args.workers or max(2, 2 * (os.cpu_count() or 1))
+    return f"deploy/gunicorn.conf.py: {workers} workers, gthread x {args.threads or 4} threads, preload, access log"
 
 
 def process_tree(pid: int) -> list[int]:
@@ -291,7 +347,9 @@ def peak_rss_kib(pids: list[int]) -> int:
 # --- load -----------------------------------------------------------------------
 
 
-def send_all(port: int, path: str, content_type: str, key: str, bodies: list[bytes], clients: int) -> tuple[float, int, int]:
+def send_all(
+    port: int, path: str, content_type: str, key: str, bodies: list[bytes], clients: int, *, expect: int = 200
+) -> tuple[float, int, int]:
     """Send every body from ``clients`` threads over keep-alive connections.
 
     429/503 are retried after their Retry-After, as an OTLP exporter does.
@@ -300,7 +358,7 @@ def send_all(port: int, path: str, content_type: str, key: str, bodies: list[byt
     work: queue.Queue[bytes] = queue.Queue()
     for body in bodies:
         work.put(body)
-    counters: dict[str, int] = {"retries": 0, "failures": 0}
+    counters: dict[str, int] = {"retries": 0, "failures": 0, "429": 0, "503": 0}
     first_failure: list[str] = []
     lock = threading.Lock()
     deadline = time.monotonic() + RUN_DEADLINE
@@ -327,9 +385,10 @@ def send_all(port: int, path: str, content_type: str, key: str, bodies: list[byt
                 if response.status in (429, 503):
                     with lock:
                         counters["retries"] += 1
+                        counters[str(response.status)] += 1
                     time.sleep(float(response.getheader("Retry-After", "1")))
                     continue
-                if response.status != 200:
+                if response.status != expect:
                     with lock:
                         counters["failures"] += 1
                         if not first_failure:
@@ -340,6 +399,9 @@ def send_all(port: int, path: str, content_type: str, key: str, bodies: list[byt
     elapsed = run_threads([client] * clients)
     if first_failure:
         print(f"  first failure: {first_failure[0]}", flush=True)
+    if counters["retries"]:
+        print(f"  {path}: retried {counters['retries']} (429: {counters['429']}, 503: {counters['503']}, "
+              f"connection: {counters['retries'] - counters['429'] - counters['503']})", flush=True)
     return elapsed, counters["retries"], counters["failures"]
 
 
@@ -351,6 +413,21 @@ def warm_up(port: int, key: str, *, clients: int) -> None:
     for _ in range(3):
         send_all(port, "/api/v1/records", "application/json", key, [empty_records] * clients * 2, clients)
         send_all(port, "/v1/traces", "application/x-protobuf", key, [empty_spans] * clients * 2, clients)
+
+
+def measure_floor(port: int, pid: int, bodies: list[bytes], clients: int) -> tuple[float, float, float]:
+    """What the stack costs for a request that stores nothing: the same bodies sent
+    with a well-formed key that does not exist, refused (401) before any database
+    work. Returns (requests/s, gunicorn CPU ms a request, client CPU ms a request)."""
+    unknown = "po_0123456789abcdef_" + "A" * 43
+    gunicorn_before, client_before = cpu_seconds(process_tree(pid)), time.process_time()
+    seconds, _, failures = send_all(port, "/v1/traces", "application/x-protobuf", unknown, bodies, clients,
+                                    expect=401)
+    if failures:
+        print(f"  floor: {failures} answers were not 401", flush=True)
+    requests = len(bodies)
+    return (requests / seconds, (cpu_seconds(process_tree(pid)) - gunicorn_before) / requests * 1000,
+            (time.process_time() - client_before) / requests * 1000)
 
 
 def settle(pid: int, *, idle_cpu: float = 0.03, interval: float = 0.25, deadline: float = 30.0) -> float:
@@ -400,7 +477,8 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
             manage(env, "migrate", "--noinput")
             key = create_project_and_key(env)
             port = free_port()
-            with gunicorn(env, port, workers=args.workers, worker_class=args.worker_class, threads=args.threads) as server:
+            with gunicorn(env, port, workers=args.workers, worker_class=args.worker_class, threads=args.threads,
+                          log=workdir / "gunicorn.log") as server:
                 warm_up(port, key, clients=args.clients)
                 # Records first, then spans: each path on a database the other
                 # barely touched (the records' eager link task scans recent
@@ -412,11 +490,15 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
                 settle_seconds = settle(server.pid)
                 record_rss_kib = peak_rss_kib(process_tree(server.pid))
                 cpu_middle = cpu_seconds(process_tree(server.pid))
+                database_before, client_before = database_cpu_seconds(), time.process_time()
                 span_seconds, span_retries, span_failures = send_all(
                     port, "/v1/traces", "application/x-protobuf", key, spans, args.clients
                 )
                 rss_kib = peak_rss_kib(process_tree(server.pid))
                 cpu_after = cpu_seconds(process_tree(server.pid))
+                span_database_cpu = database_cpu_seconds() - database_before
+                span_client_cpu = time.process_time() - client_before
+                floor = measure_floor(port, server.pid, spans, args.clients) if args.floor else None
             stored_spans, stored_records = count_rows(env)
         return {
             "db": db,
@@ -427,6 +509,9 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
             "span_cpu": cpu_after - cpu_middle,
             "rss_mb": rss_kib / 1024,
             "settle_seconds": settle_seconds,
+            "span_database_cpu": span_database_cpu,
+            "span_client_cpu": span_client_cpu,
+            "floor": floor,
         }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -447,9 +532,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records-per-batch", type=int, default=500)
     parser.add_argument("--genai-every", type=int, default=0, help="one span in N has GenAI attributes (0: none)")
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--worker-class", choices=["sync", "gthread"], default="sync")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--floor", action="store_true",
+                        help="also send the span batches with an unknown key: what a request costs that stores nothing")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="gunicorn workers (default: deploy/gunicorn.conf.py's, two a core)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads a worker (default: deploy/gunicorn.conf.py's, 4)")
+    parser.add_argument("--worker-class", choices=["sync", "gthread"], default=None,
+                        help="run plain gunicorn with this worker class instead of deploy/gunicorn.conf.py")
     args = parser.parse_args(argv)
 
     print(f"building {args.batches} span batches and {args.record_batches} record batches ...", flush=True)
@@ -466,9 +556,8 @@ def main(argv: list[str] | None = None) -> None:
         results.append(run_one(db, args, spans, records))
 
     print()
-    print(f"gunicorn: {args.workers} workers, {args.worker_class}"
-          + (f" x {args.threads} threads" if args.worker_class == "gthread" else "")
-          + f", {args.clients} client threads, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"gunicorn: {server_setup(args)}; {args.spans_per_batch} spans a batch, {args.clients} client threads, "
+          f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"{'db':<9} {'path':<8} {'sent':>8} {'stored':>8} {'seconds':>8} {'rows/s':>9} {'req/s':>7} "
           f"{'rows/cpu-s':>10} {'retries':>8} {'fails':>6} {'peak RSS':>9}")
     for result in results:
@@ -484,6 +573,19 @@ def main(argv: list[str] | None = None) -> None:
                 f"{phase.per_second:>9.0f} {phase.requests_per_second:>7.0f} {phase.stored / cpu if cpu else 0:>10.0f} {phase.retries:>8} "
                 f"{phase.failures:>6} {rss:>7.0f}MB"
             )
+    for result in results:
+        spans_phase = result["spans"]
+        server, database, client = result["span_cpu"], result["span_database_cpu"], result["span_client_cpu"]
+        per_request = (server + database + client) / spans_phase.requests if spans_phase.requests else 0.0
+        print(f"{result['db']} spans: CPU a request {per_request * 1000:.2f} ms (gunicorn {server / spans_phase.requests * 1000:.2f}, "
+              f"database {database / spans_phase.requests * 1000:.2f}, client {client / spans_phase.requests * 1000:.2f}): "
+              f"{os.cpu_count()} idle CPUs would take about {(os.cpu_count() or 1) / per_request if per_request else 0:.0f} requests/s")
+    for result in results:
+        if result["floor"]:
+            rate, server_ms, client_ms = result["floor"]
+            print(f"{result['db']} floor (the same requests refused for their key, nothing stored): {rate:.0f} requests/s; "
+                  f"CPU a request gunicorn {server_ms:.2f} ms, client {client_ms:.2f} ms: {os.cpu_count()} idle CPUs "
+                  f"would take about {(os.cpu_count() or 1) / (server_ms + client_ms) * 1000:.0f} requests/s")
     for result in results:
         print(f"{result['db']}: after the records the server was busy deriving for {result['settle_seconds']:.1f} s "
               "(counted in their rows/cpu-s)")

@@ -19,6 +19,7 @@ import threading
 import time
 import zlib
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any, Iterator
@@ -30,6 +31,7 @@ from django.utils import timezone
 
 from dashboard.accounts.keys import hash_key, key_prefix
 from dashboard.accounts.models import ApiKey, Project
+from dashboard.priority import pages_in_progress
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 DEFAULT_JSON_DEPTH = 32
@@ -80,34 +82,98 @@ def authenticate_header(header: str) -> tuple[Project, int]:
     """The project and key id of the Bearer key in an Authorization value, whatever
     the transport (an HTTP header, gRPC ``authorization`` metadata).
 
-    Looked up by the key's public prefix, then compared by hash in constant time.
-    Every request reads the key row, so a revocation (or a deleted project) holds
-    from the next request on; the read is one hand-written query because compiling
-    the ORM's version cost more than storing a 10-span batch. ``last_used_at`` is
-    written at most once a minute so a busy key does not turn every ingest request
-    into an extra write.
+    A key seen before in this process is found in ``_known_keys`` by the sha256 of
+    its text, and then only checked: one primary-key read of the key row that must
+    still exist with the same hash and project and no ``revoked_at``. That read is
+    what keeps a revocation (or a deleted key or project: the row is gone) in force
+    from the next request on, in every process and on every host, with no message
+    to deliver; it replaces the prefix lookup, the join and the hash comparison of a
+    first sight. A key not seen yet is looked up by its public prefix and compared
+    by hash in constant time, and remembered only when valid, so unknown texts
+    never fill the cache. ``last_used_at`` is written at most once a minute (per
+    process) so a busy key does not turn every ingest request into an extra write.
     """
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise IngestError(401, "missing API key")
     token = token.strip()
-    prefix = key_prefix(token)
-    if prefix is None:
-        raise IngestError(401, "invalid API key")
-    with database_errors_as_busy(), connection.cursor() as cursor:
-        cursor.execute(_key_query(), [prefix])
-        row = cursor.fetchone()
-    if row is None or not hmac.compare_digest(row[1], hash_key(token)):
-        raise IngestError(401, "invalid API key")
-    key_id, _, revoked_at, last_used_at, *project_values = row
+    digest = hash_key(token) if len(token) <= _MAX_KEY_TEXT else ""
+    known = _known_keys.get(digest) if digest else None
+    if known is not None:
+        row = _key_row(_key_check_query(), [known.key_id, digest, known.project.pk])
+        if row is None:  # deleted, or its project deleted
+            _known_keys.pop(digest, None)
+            raise IngestError(401, "invalid API key")
+        revoked_at, last_used_at = row
+    else:
+        prefix = key_prefix(token)
+        if prefix is None:
+            raise IngestError(401, "invalid API key")
+        row = _key_row(_key_query(), [prefix])
+        if row is None or not hmac.compare_digest(row[1], digest):
+            raise IngestError(401, "invalid API key")
+        key_id, _, revoked_at, last_used_at, *project_values = row
+        known = _KnownKey(key_id, Project.from_db(connection.alias, _project_columns(), project_values))
     if revoked_at is not None:
+        _known_keys.pop(digest, None)
         raise IngestError(401, "revoked API key")
+    _remember(digest, known)
     now = timezone.now()
     last_used_at = _as_datetime(last_used_at)
     if last_used_at is None or now - last_used_at >= LAST_USED_RESOLUTION:
         with database_errors_as_busy():
-            ApiKey.objects.filter(pk=key_id).update(last_used_at=now)
-    return Project.from_db(connection.alias, _project_columns(), project_values), key_id
+            ApiKey.objects.filter(pk=known.key_id).update(last_used_at=now)
+    return known.project, known.key_id
+
+
+def _key_row(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+    """One row of a key query. The first statement of every ingest request, which
+    runs without Django's connection health check (``ingest_gate``): when the
+    database dropped the connection this thread kept (a restart, an idle timeout)
+    the read fails, and is made once more on a new connection, so the dropped
+    connection costs nothing but the reconnect, as the health check would have."""
+    with database_errors_as_busy():
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return cursor.fetchone()
+        except OperationalError:
+            if connection.in_atomic_block:
+                raise
+            connection.close()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+
+
+@dataclass(frozen=True, slots=True)
+class _KnownKey:
+    key_id: int
+    project: Project  # its id is what ingest uses; the other fields are as first read here
+
+
+_MAX_KEY_TEXT = 256  # longer than any key we issue: refused without hashing it
+_KNOWN_KEYS_MAX = 10_000
+# sha256 of a valid key's text -> its row id and project. Per process, filled on a
+# key's first valid use, emptied of a key when a check finds it gone or revoked.
+# Plain dict operations, atomic under the GIL, so the worker threads share it.
+_known_keys: dict[str, _KnownKey] = {}
+
+
+def _remember(digest: str, known: _KnownKey) -> None:
+    if digest not in _known_keys:
+        if len(_known_keys) >= _KNOWN_KEYS_MAX:
+            _known_keys.clear()  # bounded; keys in use come back at their next request
+        _known_keys[digest] = known
+
+
+@functools.cache
+def _key_check_query() -> str:
+    quote = connection.ops.quote_name
+    return (
+        f"SELECT revoked_at, last_used_at FROM {quote(ApiKey._meta.db_table)} "
+        "WHERE id = %s AND hash = %s AND project_id = %s"
+    )
 
 
 @functools.cache
@@ -464,8 +530,10 @@ def error_response(
 
 # --- load -------------------------------------------------------------------------
 
-_gate_lock = threading.Lock()
+GATE_WAIT = 0.1  # seconds a request waits for a place in a full ingest gate
+_gate_free = threading.Condition()
 _gate_in_use = 0
+_gate_waiting = 0  # requests waiting for a place (so a release without waiters notifies nobody)
 _memory_lock = threading.Lock()
 _memory_in_use = 0
 _request_memory = threading.local()  # .held: bytes this thread's request reserved; None outside the gate
@@ -473,26 +541,49 @@ _request_memory = threading.local()  # .held: bytes this thread's request reserv
 
 @contextmanager
 def ingest_gate() -> Iterator[None]:
-    """Bound concurrent ingest requests in this process; past the bound answer 429
-    with Retry-After so exporters back off instead of piling onto the database.
+    """Bound concurrent ingest requests in this process; past the bound (after a
+    wait of at most GATE_WAIT for a place) answer 429 with Retry-After so
+    exporters back off instead of piling onto the database.
     Inside, ``memory_reserve`` counts what the request decodes against the
     process's ingest memory budget, released when the request ends. Database
     lock/operational errors inside become 503 with Retry-After (see
     ``database_errors_as_busy``)."""
-    global _gate_in_use
+    global _gate_in_use, _gate_waiting
     limit = settings.OBSERVATORY_MAX_CONCURRENT_INGEST
-    with _gate_lock:
+    with _gate_free:
+        if _gate_in_use >= limit and limit > 0 and not _gate_waiting and not pages_in_progress():
+            # Full: one request at a time waits a moment for a place before
+            # refusing. Small batches hold one for a few milliseconds, so with
+            # more senders than places (16 senders, 4 processes x 3) the wait is
+            # short, where a 429 costs the sender a whole second (Retry-After is
+            # in seconds) of doing nothing. Only one waits, so the thread left
+            # for the pages is taken for at most GATE_WAIT, and none waits while
+            # a page runs here; big batches hold a place longer than the wait
+            # and are refused as before.
+            _gate_waiting += 1
+            try:
+                _gate_free.wait_for(lambda: _gate_in_use < limit, timeout=GATE_WAIT)
+            finally:
+                _gate_waiting -= 1
         if _gate_in_use >= limit:
             raise IngestError(429, "too many concurrent ingest requests", retry_after=1)
         _gate_in_use += 1
     _request_memory.held = 0
+    # No CONN_HEALTH_CHECKS query (a round trip on PostgreSQL) before the first
+    # statement: the first statement in here is the key's read, which reconnects
+    # once by itself when the connection was dropped (``_key_row``); a later
+    # database error is a 503 with Retry-After, and Django closes the connection
+    # at the end of the request (close_old_connections, also around every gRPC export).
+    connection.health_check_done = True
     try:
         with database_errors_as_busy():
             yield
     finally:
         _memory_release()
-        with _gate_lock:
+        with _gate_free:
             _gate_in_use -= 1
+            if _gate_waiting:
+                _gate_free.notify()
 
 
 def memory_reserve(nbytes: int, what: str) -> None:

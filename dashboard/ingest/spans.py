@@ -34,6 +34,7 @@ and tool spans into rounds, messages and tool executions (observatory.span_rows)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
@@ -237,12 +238,25 @@ def _stored_trace_conversations(
     named = {span.trace_id for span, (key, _, call_id, _) in zip(spans, links) if key or call_id}
     unnamed = sorted({span.trace_id for span in spans} - named)
     found: dict[str, int] = {}
-    for start in range(0, len(unnamed), _LOOKUP_CHUNK):
-        for trace_id, conversation_id in Span.objects.filter(
-            project=project, trace_id__in=unnamed[start:start + _LOOKUP_CHUNK], conversation__isnull=False
-        ).values_list("trace_id", "conversation_id"):
-            found.setdefault(trace_id, conversation_id)
+    with connection.cursor() as cursor:
+        for start in range(0, len(unnamed), _LOOKUP_CHUNK):
+            chunk = unnamed[start:start + _LOOKUP_CHUNK]
+            # Hand-written: the ORM compiled this query in more time than a small
+            # batch takes to store (it runs for nearly every batch of plain spans).
+            cursor.execute(_stored_trace_query(len(chunk)), [project.pk, *chunk])
+            for trace_id, conversation_id in cursor.fetchall():
+                found.setdefault(trace_id, conversation_id)
     return found
+
+
+@functools.lru_cache(maxsize=64)
+def _stored_trace_query(count: int) -> str:
+    quote = connection.ops.quote_name
+    return (
+        f"SELECT {quote('trace_id')}, {quote('conversation_id')} FROM {quote(Span._meta.db_table)} "
+        f"WHERE {quote('project_id')} = %s AND {quote('trace_id')} IN ({', '.join(['%s'] * count)}) "
+        f"AND {quote('conversation_id')} IS NOT NULL"
+    )
 
 
 # --- rows ---------------------------------------------------------------------------

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
+import time
 
 import pytest
 from django.db import OperationalError
 from hypothesis import given, settings as hypothesis_settings
 from hypothesis import strategies as st
+from django.http import HttpResponse
 from django.test import RequestFactory
 
 from dashboard.ingest.common import (
@@ -118,6 +121,94 @@ def test_it_frees_the_gate_after_errors(settings):
             raise ValueError("boom")
     with ingest_gate():
         assert refusal(lambda: ingest_gate().__enter__()) == (429, "too many concurrent ingest requests")
+
+
+def _hold_gate(release: threading.Event) -> tuple[threading.Thread, threading.Event]:
+    """Another request holding a place in the gate until ``release`` is set."""
+    held = threading.Event()
+
+    def hold() -> None:
+        with ingest_gate():
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(10)
+    return thread, held
+
+
+def test_it_lets_a_request_wait_for_a_place_in_a_full_gate(settings, monkeypatch):
+    """A small batch finds the gate full: it waits for the place another request
+    frees instead of costing its sender a 429 and a second."""
+    from dashboard.ingest import common
+
+    settings.OBSERVATORY_MAX_CONCURRENT_INGEST = 1
+    monkeypatch.setattr(common, "GATE_WAIT", 30.0)
+    release = threading.Event()
+    holder, _ = _hold_gate(release)
+    threading.Timer(0.2, release.set).start()
+    started = time.monotonic()
+    with ingest_gate():
+        waited = time.monotonic() - started
+    holder.join(10)
+    assert 0.1 < waited < 20
+
+
+def test_it_lets_one_request_wait_and_refuses_the_others_at_once(settings, monkeypatch):
+    """Only one request waits, so a full process still keeps a thread for the pages."""
+    from dashboard.ingest import common
+
+    settings.OBSERVATORY_MAX_CONCURRENT_INGEST = 1
+    monkeypatch.setattr(common, "GATE_WAIT", 30.0)
+    release = threading.Event()
+    holder, _ = _hold_gate(release)
+    waiter_in = threading.Event()
+
+    def wait_for_a_place() -> None:
+        with ingest_gate():
+            waiter_in.set()
+
+    waiter = threading.Thread(target=wait_for_a_place)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not common._gate_waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    assert refusal(lambda: ingest_gate().__enter__()) == (429, "too many concurrent ingest requests")
+    assert time.monotonic() - started < 5  # refused without waiting
+    release.set()
+    holder.join(10)
+    waiter.join(10)
+    assert waiter_in.is_set()
+
+
+def test_it_refuses_at_once_while_a_page_runs_in_the_process(settings, monkeypatch):
+    from dashboard import priority
+    from dashboard.ingest import common
+
+    settings.OBSERVATORY_MAX_CONCURRENT_INGEST = 1
+    monkeypatch.setattr(common, "GATE_WAIT", 30.0)
+    release = threading.Event()
+    holder, _ = _hold_gate(release)
+    page = priority.PagePriorityMiddleware(lambda request: (refusal(lambda: ingest_gate().__enter__()), HttpResponse())[1])
+    started = time.monotonic()
+    try:
+        page(RequestFactory().get("/"))
+    finally:
+        release.set()
+        holder.join(10)
+    assert time.monotonic() - started < 5
+
+
+def test_it_waits_for_no_place_when_the_gate_is_closed(settings, monkeypatch):
+    from dashboard.ingest import common
+
+    settings.OBSERVATORY_MAX_CONCURRENT_INGEST = 0
+    monkeypatch.setattr(common, "GATE_WAIT", 30.0)
+    started = time.monotonic()
+    assert refusal(lambda: ingest_gate().__enter__())[0] == 429
+    assert time.monotonic() - started < 5
 
 
 class Dribble:
