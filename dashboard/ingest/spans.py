@@ -238,12 +238,19 @@ def _stored_trace_conversations(
     named = {span.trace_id for span, (key, _, call_id, _) in zip(spans, links) if key or call_id}
     unnamed = sorted({span.trace_id for span in spans} - named)
     found: dict[str, int] = {}
+    if not unnamed:
+        return found
+    # Stored spans of these traces within a day of the batch: on PostgreSQL the
+    # spans are partitioned by day, and a bounded query reads (and plans) two or
+    # three partitions instead of all. A trace older than that is linked by the
+    # outbox (its trace id goes into the note while its spans stay unlinked).
+    low, high = _batch_window(spans)
     with connection.cursor() as cursor:
         for start in range(0, len(unnamed), _LOOKUP_CHUNK):
             chunk = unnamed[start:start + _LOOKUP_CHUNK]
             # Hand-written: the ORM compiled this query in more time than a small
             # batch takes to store (it runs for nearly every batch of plain spans).
-            cursor.execute(_stored_trace_query(len(chunk)), [project.pk, *chunk])
+            cursor.execute(_stored_trace_query(len(chunk)), [project.pk, low, high, *chunk])
             for trace_id, conversation_id in cursor.fetchall():
                 found.setdefault(trace_id, conversation_id)
     return found
@@ -254,9 +261,20 @@ def _stored_trace_query(count: int) -> str:
     quote = connection.ops.quote_name
     return (
         f"SELECT {quote('trace_id')}, {quote('conversation_id')} FROM {quote(Span._meta.db_table)} "
-        f"WHERE {quote('project_id')} = %s AND {quote('trace_id')} IN ({', '.join(['%s'] * count)}) "
-        f"AND {quote('conversation_id')} IS NOT NULL"
+        f"WHERE {quote('project_id')} = %s AND {quote('start_time')} >= %s AND {quote('start_time')} < %s "
+        f"AND {quote('trace_id')} IN ({', '.join(['%s'] * count)}) AND {quote('conversation_id')} IS NOT NULL"
     )
+
+
+_TRACE_WINDOW = timedelta(days=1)  # how far from a batch its traces' stored spans are looked for at ingest
+
+
+def _batch_window(spans: Sequence[SpanRow]) -> tuple[Any, Any]:
+    """[earliest start - a day, latest start + a day) of a batch, as the database
+    takes a datetime parameter in hand-written SQL."""
+    starts = [span.start_time_unix_nano for span in spans]
+    adapt = connection.ops.adapt_datetimefield_value
+    return adapt(_aware(min(starts)) - _TRACE_WINDOW), adapt(_aware(max(starts)) + _TRACE_WINDOW)
 
 
 # --- rows ---------------------------------------------------------------------------
@@ -365,12 +383,17 @@ def _link_tool_executions(
         return 0
     wanted = {call_id: (span.trace_id, span.span_id) for span, (_, _, call_id, _) in zip(spans, links) if call_id in waiting}
     trace_ids = sorted({trace_id for trace_id, _ in wanted.values()})
+    # The spans were just inserted: their start times bound the query (on PostgreSQL,
+    # to the day partitions that hold them).
+    wanted_spans = set(wanted.values())
+    starts = [_aware(span.start_time_unix_nano) for span in spans if (span.trace_id, span.span_id) in wanted_spans]
     span_pks: dict[tuple[str, str], int] = {}
     for start in range(0, len(trace_ids), _LOOKUP_CHUNK):
         span_pks.update(
             ((trace_id, span_id), pk)
             for pk, trace_id, span_id in Span.objects.filter(
-                project=project, trace_id__in=trace_ids[start : start + _LOOKUP_CHUNK]
+                project=project, trace_id__in=trace_ids[start : start + _LOOKUP_CHUNK],
+                start_time__gte=min(starts), start_time__lte=max(starts),
             ).values_list("id", "trace_id", "span_id")
         )
     span_attname = ToolExecution._meta.get_field("linked_span").attname
