@@ -390,11 +390,13 @@ def project_key_and_session() -> tuple[Any, str, str]:
 
 
 def stored_ids(project_id: int) -> tuple[set[str], set[str], int, int]:
-    """(span ids, tool call ids, span rows, tool execution rows) stored for the project."""
-    from dashboard.observatory.models import Span, ToolExecution
+    """(span ids, tool call ids, span rows, tool execution rows) stored for the project;
+    tool executions from records only (the ones derived from tool spans are not
+    what the agents sent as records)."""
+    from dashboard.observatory.models import Source, Span, ToolExecution
 
     spans = Span.objects.filter(project_id=project_id)
-    executions = ToolExecution.objects.filter(project_id=project_id)
+    executions = ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD)
     span_ids = set(spans.values_list("span_id", flat=True).iterator(chunk_size=20_000))
     calls = set(executions.values_list("tool_call_id", flat=True).iterator(chunk_size=20_000))
     return span_ids, calls, spans.count(), executions.count()
