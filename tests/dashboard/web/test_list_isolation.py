@@ -31,6 +31,10 @@ LISTS = [
     ("artifacts", lambda slug: reverse("web:artifacts", args=[slug])),
     ("traces", lambda slug: reverse("web:traces", args=[slug])),
     ("traces searched", lambda slug: reverse("web:traces", args=[slug]) + "?q=e&has_errors=on"),
+    ("logs", lambda slug: reverse("web:logs", args=[slug])),
+    ("saved views", lambda slug: reverse("web:saved_views", args=[slug])),
+    ("conversations csv", lambda slug: reverse("web:conversations_export", args=[slug])),
+    ("tools csv", lambda slug: reverse("web:tools_export", args=[slug])),
     ("keys", lambda slug: reverse("web:keys", args=[slug])),
     ("api conversations", lambda slug: f"/api/v1/projects/{slug}/conversations"),
     ("api conversations searched", lambda slug: f"/api/v1/projects/{slug}/conversations?q=north"),
@@ -52,8 +56,13 @@ def two_projects(member, project, other_project):
     add_span(project, "a" * 32, "1" * 16, "our-root", status_code=2)
     add_span(other_project, "b" * 32, "1" * 16, f"{MARKER}-root-span", status_code=2, service_name=MARKER)
     from dashboard.accounts.services import apikey_create
+    from dashboard.observatory.models import LogRecord
+    from dashboard.web.models import SavedView
 
     apikey_create(project=other_project, name=f"{MARKER}-key")
+    LogRecord.objects.create(project=other_project, trace_id="b" * 32, span_id="1" * 16, record_hash="0" * 32,
+                             event_name=f"{MARKER}.event", body=f"{MARKER} log body", service_name=MARKER)
+    SavedView.objects.create(project=other_project, owner=member, name=f"{MARKER}-view", query="q=x", shared=True)
     return project, other_project, (MARKER.encode(), artifact.artifact_id.encode())
 
 
@@ -61,15 +70,20 @@ def _shows(content: bytes, markers: tuple[bytes, ...]) -> bool:
     return any(marker in content for marker in markers)
 
 
+def _body(response) -> bytes:
+    # CSV exports stream.
+    return b"".join(response.streaming_content) if response.streaming else response.content
+
+
 @pytest.mark.parametrize("name, url", LISTS, ids=[name for name, _ in LISTS])
 def test_it_shows_no_row_of_another_project_on_a_list(client_in, two_projects, name, url):
     ours, theirs, markers = two_projects
     response = client_in.get(url(ours.slug))
     assert response.status_code == 200, name
-    assert not _shows(response.content, markers), name
+    assert not _shows(_body(response), markers), name
     # The same list of the other project does show them: the markers are real probes.
     if name != "tool detail":
-        assert _shows(client_in.get(url(theirs.slug)).content, markers), name
+        assert _shows(_body(client_in.get(url(theirs.slug))), markers), name
 
 
 def test_it_counts_only_the_projects_rows_in_the_overview_totals(client_in, two_projects):
