@@ -130,6 +130,7 @@ def _load_and_kill(server: Server, project, key: str, session: str, args: argpar
         "peak_rss_mb": sampler.peak,
         "peak_pss_mb": sampler.peak_pss,
         "page_p95_ms": reader.p95_ms(),
+        "page_summary": reader.summary(),
         "pages": len(reader.times),
         "page_failures": reader.failures,
         "first_page_failure": reader.first_failure,
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  peak server RSS {result['peak_rss_mb']:.0f} MB (PSS {result['peak_pss_mb']:.0f} MB); page p95 under load {result['page_p95_ms']:.0f} ms "
               f"over {result['pages']} pages ({result['page_failures']} failed, the outage included; "
               f"first: {result['first_page_failure'] or '-'})")
+        print(f"  {result['page_summary']}")
     print("\ntargets: lost 0, duplicates 0, converged < 60 s, peak RSS < 400 MB, page p95 < 500 ms")
 
 

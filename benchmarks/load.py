@@ -278,6 +278,7 @@ class PageReader:
         self.paths = [f"/p/{slug}/", f"/p/{slug}/conversations/", f"/p/{slug}/tools/"]
         self.times: list[float] = []
         self.server: list[float] = []  # the pages' own time (Server-Timing), without waits for a thread
+        self.by_path: dict[str, list[float]] = {path: [] for path in self.paths}
         self.failures = 0
         self.first_failure = ""
 
@@ -295,6 +296,7 @@ class PageReader:
                 connection.close()
                 if response.status == 200:
                     self.times.append(time.perf_counter() - started)
+                    self.by_path[path].append(self.times[-1])
                     timing = response.getheader("Server-Timing", "")
                     if "dur=" in timing:
                         self.server.append(float(timing.split("dur=")[1]) / 1000)
@@ -307,6 +309,12 @@ class PageReader:
 
     def p95_ms(self) -> float:
         return percentile(self.times, 95) * 1000
+
+    def summary(self) -> str:
+        """Each page's p95, and the p95 of the pages' own time (the rest is waiting)."""
+        pages = ", ".join(f"{path.rstrip('/').rsplit('/', 1)[-1] or 'overview'} {percentile(times, 95) * 1000:.0f}"
+                          for path, times in self.by_path.items())
+        return f"p95 by page (ms): {pages}; server time p95 {percentile(self.server, 95) * 1000:.0f} ms"
 
 
 def percentile(values: list[float], pct: float) -> float:
