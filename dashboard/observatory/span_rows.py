@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any, Iterable
 
 from django.db import transaction
-from django.db.models import Max, Q
+from django.db.models import Exists, Max, OuterRef, Q
 
 from . import conventions
 from .conventions import CHAT, EXECUTE_TOOL, MessageFact, span_facts
@@ -64,8 +64,15 @@ def _hour(moment: datetime) -> datetime:
 
 def _conversations(project_id: int, ids: list[int]) -> set[datetime]:
     hours: set[datetime] = set()
+    # Only spans no row derives from yet: the database leaves out a tool span that a
+    # tool execution (derived, or a record's) links to and a model-call span that
+    # has its round, so a pass reads what is new, not the whole conversation.
+    has_tool_row = ToolExecution.objects.filter(linked_span_id=OuterRef("pk"))
+    has_round = Round.objects.filter(conversation_id=OuterRef("conversation_id"), source=Source.SPAN,
+                                     span_id=OuterRef("span_id"), trace_id=OuterRef("trace_id"))
     candidates = list(
         Span.objects.filter(conversation_id__in=ids, operation__in=(CHAT, EXECUTE_TOOL))
+        .filter((Q(operation=CHAT) & ~Exists(has_round)) | (Q(operation=EXECUTE_TOOL) & ~Exists(has_tool_row)))
         .order_by("start_time", "id").values_list("id", "trace_id", "span_id", "operation", "tool_call_id")
     )
     traces = {row[1] for row in candidates}
@@ -83,21 +90,16 @@ def _conversations(project_id: int, ids: list[int]) -> set[datetime]:
         ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD, linked_span_id__in=tool_spans)
         .values_list("linked_span_id", flat=True)
     ) if tool_spans else set()
-    derived = set(Round.objects.filter(conversation_id__in=ids, source=Source.SPAN)
-                  .values_list("record_id", flat=True))
-    derived |= set(ToolExecution.objects.filter(conversation_id__in=ids, source=Source.SPAN)
-                   .values_list("record_id", flat=True))
     new_rounds, new_tools = [], []
-    for pk, trace_id, span_id, operation, call_id in candidates:
+    for pk, trace_id, _, operation, call_id in candidates:
         if operation == CHAT:
-            if trace_id not in record_traces and record_id(project_id, trace_id, span_id, "round") not in derived:
+            if trace_id not in record_traces:
                 new_rounds.append(pk)
         elif call_id not in record_calls and pk not in record_spans:
-            if record_id(project_id, trace_id, span_id, "tool") not in derived:
-                new_tools.append(pk)
+            new_tools.append(pk)
 
     with transaction.atomic():
-        _records_win(project_id, ids, record_traces, hours)
+        _records_win(project_id, ids, hours)
         renumber: set[int] = set()
         for start in range(0, len(new_rounds), CHUNK):
             renumber |= _rounds_from(project_id, new_rounds[start:start + CHUNK])
@@ -137,20 +139,26 @@ def _user_from_naming_spans(ids: list[int]) -> None:
 
 # --- a pipeline record wins -------------------------------------------------------------
 
-def _records_win(project_id: int, ids: list[int], record_traces: set[str], hours: set[datetime]) -> None:
-    if record_traces:
-        doomed = Round.objects.filter(conversation_id__in=ids, source=Source.SPAN, trace_id__in=record_traces)
-        gone = list(doomed.values_list("conversation_id", "round_id"))
-        if gone:
-            for conversation_id in {c for c, _ in gone}:
-                Message.objects.filter(conversation_id=conversation_id, source=Source.SPAN,
-                                       round_id__in=[r for c, r in gone if c == conversation_id]).delete()
-            doomed.delete()
+def _records_win(project_id: int, ids: list[int], hours: set[datetime]) -> None:
+    # Derived rounds of a trace a round record now describes (found by the database:
+    # only those, never all of a conversation's rounds).
+    record_round = Round.objects.filter(project_id=project_id, source=Source.RECORD, trace_id=OuterRef("trace_id"))
+    doomed = Round.objects.filter(conversation_id__in=ids, source=Source.SPAN).exclude(trace_id="").filter(
+        Exists(record_round))
+    gone = list(doomed.values_list("pk", "conversation_id", "round_id"))
+    if gone:
+        for conversation_id in {c for _, c, _ in gone}:
+            Message.objects.filter(conversation_id=conversation_id, source=Source.SPAN,
+                                   round_id__in=[r for _, c, r in gone if c == conversation_id]).delete()
+        Round.objects.filter(pk__in=[pk for pk, _, _ in gone]).delete()
+    recorded = ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD,
+                                            tool_call_id=OuterRef("tool_call_id"))
     derived_calls = {
         call: (pk, span_pk, occurred)
         for pk, call, span_pk, occurred in ToolExecution.objects.filter(
             conversation_id__in=ids, source=Source.SPAN
-        ).exclude(tool_call_id="").values_list("id", "tool_call_id", "linked_span_id", "occurred_at")
+        ).exclude(tool_call_id="").filter(Exists(recorded))
+        .values_list("id", "tool_call_id", "linked_span_id", "occurred_at")
     }
     if not derived_calls:
         return
@@ -338,13 +346,13 @@ def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> 
 
     spans = list(Span.objects.filter(pk__in=span_pks).order_by("start_time", "id").only(*_SPAN_FIELDS))
     rows, hours = [], set()
-    used = _used_calls({s.conversation_id for s in spans})
     by_call = calls["by_call"]
     read = []
     for span in spans:
         facts = span_facts(span.attributes, span.resource, span.events)
         result, answered = _langchain_tool_message(facts.tool_result)
         read.append((span, facts, result, facts.tool_call_id or answered))
+    used = _used_calls({s.conversation_id for s in spans}, {item[3] for item in read if item[3]} | _open_calls(calls))
     # Spans that name their call first: a guess by name must not take a call that
     # another span of the batch answers.
     read.sort(key=lambda item: (not item[3], item[0].start_time, item[0].pk))
@@ -384,11 +392,22 @@ def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> 
     return hours
 
 
-def _used_calls(conversation_ids: Iterable[int]) -> set[tuple[int, str]]:
-    return set(
-        ToolExecution.objects.filter(conversation_id__in=list(conversation_ids))
-        .exclude(tool_call_id="").values_list("conversation_id", "tool_call_id")
-    )
+def _used_calls(conversation_ids: Iterable[int], call_ids: set[str]) -> set[tuple[int, str]]:
+    """Which of these call ids a tool execution of these conversations already holds
+    (only the ones asked about: a conversation can hold many thousands)."""
+    used: set[tuple[int, str]] = set()
+    calls = sorted(call_ids)
+    for start in range(0, len(calls), CHUNK):
+        used.update(
+            ToolExecution.objects.filter(conversation_id__in=list(conversation_ids),
+                                         tool_call_id__in=calls[start:start + CHUNK])
+            .values_list("conversation_id", "tool_call_id")
+        )
+    return used
+
+
+def _open_calls(calls: dict[str, Any]) -> set[str]:
+    return {call for (_, call) in calls["by_call"]}
 
 
 def _only_open_call(calls: dict[str, Any], used: set[tuple[int, str]], conversation_id: int, round_id: str,
@@ -434,15 +453,23 @@ def _assign_rounds(conversation_ids: list[int], calls: dict[str, Any]) -> None:
     model's call gave."""
     from .derivations import update_rows
 
-    waiting = list(
-        ToolExecution.objects.filter(conversation_id__in=conversation_ids, source=Source.SPAN)
+    # Only where a derived round could take them: a conversation's traces that have
+    # rounds (a tool span of a trace with no model-call span waits for nothing).
+    traces = {trace for (_, trace) in calls["by_trace"]}
+    if not traces:
+        return
+    waiting = [
+        execution for execution in
+        ToolExecution.objects.filter(conversation_id__in=conversation_ids, source=Source.SPAN, trace_id__in=traces)
         .filter(Q(round_id="") | Q(tool_call_id="")).order_by("occurred_at", "id")
         .only("id", "conversation_id", "tool_call_id", "tool_name", "trace_id", "occurred_at", "round_id",
               "parameters")
-    )
+        if (execution.conversation_id, execution.trace_id) in calls["by_trace"]
+    ]
     if not waiting:
         return
-    used = _used_calls({execution.conversation_id for execution in waiting})
+    used = _used_calls({execution.conversation_id for execution in waiting},
+                       {execution.tool_call_id for execution in waiting if execution.tool_call_id} | _open_calls(calls))
     changed = []
     for execution in waiting:
         conversation_id = execution.conversation_id
