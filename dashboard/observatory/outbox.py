@@ -183,11 +183,15 @@ def _derive(
         linked = derivations.traces_link(project_id=project_id, trace_ids=trace_ids)
         conversation_ids = sorted(set(conversation_ids) | set(linked))
     if conversation_ids:
-        tasks.links_refresh(project_id, conversation_ids)
-        # Rounds, messages and tool executions from model-call and tool spans.
-        derived_hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=conversation_ids)
-        hours = sorted(set(hours) | {hour.isoformat() for hour in derived_hours})
-        tasks.conversation_totals_refresh(conversation_ids)
+        # The link pass derives the rows and totals of the conversations it linked
+        # spans to; the others get theirs here, so no conversation is derived twice.
+        linked = set(tasks.links_refresh(project_id, conversation_ids)["conversation_ids"])
+        rest = [conversation for conversation in conversation_ids if conversation not in linked]
+        if rest:
+            # Rounds, messages and tool executions from model-call and tool spans.
+            derived_hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=rest)
+            hours = sorted(set(hours) | {hour.isoformat() for hour in derived_hours})
+            tasks.conversation_totals_refresh(rest)
     if hours:
         tasks.tool_rollups_refresh(project_id, hours)
     if artifact_ids:
