@@ -240,17 +240,15 @@ def _stored_trace_conversations(
     found: dict[str, int] = {}
     if not unnamed:
         return found
-    # Stored spans of these traces within a day of the batch: on PostgreSQL the
-    # spans are partitioned by day, and a bounded query reads (and plans) two or
-    # three partitions instead of all. A trace older than that is linked by the
-    # outbox (its trace id goes into the note while its spans stay unlinked).
-    low, high = _batch_window(spans)
+    # Not bounded by time: a batch of plain spans notes nothing for the outbox, so a
+    # trace named days before is found here or not at all (on PostgreSQL this plans
+    # every day partition; deploy/SCALING.md says what that costs).
     with connection.cursor() as cursor:
         for start in range(0, len(unnamed), _LOOKUP_CHUNK):
             chunk = unnamed[start:start + _LOOKUP_CHUNK]
             # Hand-written: the ORM compiled this query in more time than a small
             # batch takes to store (it runs for nearly every batch of plain spans).
-            cursor.execute(_stored_trace_query(len(chunk)), [project.pk, low, high, *chunk])
+            cursor.execute(_stored_trace_query(len(chunk)), [project.pk, *chunk])
             for trace_id, conversation_id in cursor.fetchall():
                 found.setdefault(trace_id, conversation_id)
     return found
@@ -261,20 +259,9 @@ def _stored_trace_query(count: int) -> str:
     quote = connection.ops.quote_name
     return (
         f"SELECT {quote('trace_id')}, {quote('conversation_id')} FROM {quote(Span._meta.db_table)} "
-        f"WHERE {quote('project_id')} = %s AND {quote('start_time')} >= %s AND {quote('start_time')} < %s "
-        f"AND {quote('trace_id')} IN ({', '.join(['%s'] * count)}) AND {quote('conversation_id')} IS NOT NULL"
+        f"WHERE {quote('project_id')} = %s AND {quote('trace_id')} IN ({', '.join(['%s'] * count)}) "
+        f"AND {quote('conversation_id')} IS NOT NULL"
     )
-
-
-_TRACE_WINDOW = timedelta(days=1)  # how far from a batch its traces' stored spans are looked for at ingest
-
-
-def _batch_window(spans: Sequence[SpanRow]) -> tuple[Any, Any]:
-    """[earliest start - a day, latest start + a day) of a batch, as the database
-    takes a datetime parameter in hand-written SQL."""
-    starts = [span.start_time_unix_nano for span in spans]
-    adapt = connection.ops.adapt_datetimefield_value
-    return adapt(_aware(min(starts)) - _TRACE_WINDOW), adapt(_aware(max(starts)) + _TRACE_WINDOW)
 
 
 # --- rows ---------------------------------------------------------------------------
