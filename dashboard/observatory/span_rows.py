@@ -14,9 +14,10 @@ record round, no tool execution for a call id a record holds, and a derived row
 that a record arrives for later is deleted (the record takes over its span link),
 so nothing is counted twice.
 
-Incremental: a pass reads the ids of the conversation's model-call and tool spans
-(the ``operation`` column, set at ingest), and loads the attributes of only those
-not derived yet, in chunks.
+Incremental: a pass asks the database for the conversation's model-call and tool
+spans (the ``operation`` column, set at ingest) that no row derives from yet, and
+loads the attributes of only those, in chunks; what it reads besides (derived rows a
+record now describes, call ids already held) is limited to what those spans name.
 """
 
 from __future__ import annotations
@@ -85,17 +86,12 @@ def _conversations(project_id: int, ids: list[int]) -> set[datetime]:
         ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD, tool_call_id__in=calls)
         .values_list("tool_call_id", flat=True)
     ) if calls else set()
-    tool_spans = [row[0] for row in candidates if row[3] == EXECUTE_TOOL]
-    record_spans = set(
-        ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD, linked_span_id__in=tool_spans)
-        .values_list("linked_span_id", flat=True)
-    ) if tool_spans else set()
     new_rounds, new_tools = [], []
     for pk, trace_id, _, operation, call_id in candidates:
         if operation == CHAT:
             if trace_id not in record_traces:
                 new_rounds.append(pk)
-        elif call_id not in record_calls and pk not in record_spans:
+        elif call_id not in record_calls:  # (a span a record links to is not a candidate)
             new_tools.append(pk)
 
     with transaction.atomic():
