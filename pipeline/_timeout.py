@@ -57,16 +57,22 @@ class _Job:
 
 
 class _Worker:
-    """One daemon thread that runs jobs handed to it, one at a time."""
+    """One daemon thread that runs jobs handed to it, one at a time.
+
+    The caller that handed a job over owns the worker until the job ends, and gives
+    it back to the idle list itself; the worker books nothing on the way back except
+    after an abandoned job (so a call that finishes in time costs two thread
+    switches and two uncontended lock round trips, nothing more)."""
 
     def __init__(self, handler: "ToolTimeoutHandler") -> None:
-        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[Optional[_Job]] = queue.SimpleQueue()
         self.handler = handler
         self.thread = threading.Thread(target=self._run, name="pipeline-tool-worker", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         handler = self.handler
+        lock = handler._lock
         while True:
             try:
                 job = self.jobs.get(timeout=handler.idle_seconds)
@@ -74,14 +80,18 @@ class _Worker:
                 if handler._retire(self):
                     return
                 continue
+            if job is None:  # no room in the idle list: this worker ends
+                return
             try:
                 job.value = job.context.run(job.func)
             except BaseException as exc:  # handed to the caller, who re-raises it
                 job.error = exc
             job.func = None  # type: ignore[assignment]  # drop references early
-            keep = handler._finish(self, job)
-            job.done.release()  # after _finish: a caller that returns finds this worker idle
-            if not keep:
+            with lock:  # the race with a caller timing out this very moment
+                job.finished = True
+                abandoned = job.abandoned
+            job.done.release()
+            if abandoned and not handler._reclaim(self, job):
                 return
 
 
@@ -115,8 +125,10 @@ class ToolTimeoutHandler:
         self.max_idle_workers = min(max_idle_workers, max_workers)
         self.idle_seconds = idle_seconds
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(max_workers)  # one per busy worker
+        self._freed = threading.Condition(self._lock)  # a busy worker became free
+        self._waiting = 0  # callers waiting in _freed for a worker
         self._idle: list[_Worker] = []
+        self._busy = 0  # workers running a job, abandoned ones included (<= max_workers)
         self._workers = 0  # live worker threads
         self._stuck = 0  # workers still running an abandoned job
         self._started = 0  # threads ever started (for tests and diagnostics)
@@ -153,26 +165,15 @@ class ToolTimeoutHandler:
         if not timeout_ms or timeout_ms <= 0:
             raise ValueError("timeout_ms must be positive")
         timeout = timeout_ms / 1000.0
-        if self._stuck >= self.max_workers:
-            raise WorkerLimitReached(self.max_workers)
-        if not self._slots.acquire(blocking=False):
-            # Every worker is busy: wait for one, but within this call's timeout.
-            started = time.monotonic()
-            if not self._slots.acquire(timeout=timeout):
-                raise WorkerLimitReached(self.max_workers)
-            timeout = max(timeout - (time.monotonic() - started), 0.001)
+        worker, timeout = self._take(timeout)
         job = _Job(func)
-        try:
-            self._worker().jobs.put(job)
-        except BaseException:
-            self._slots.release()
-            raise
+        worker.jobs.put(job)
         if not job.done.acquire(timeout=timeout):
             with self._lock:
                 if not job.finished:  # the worker did not win the race: abandon it
                     job.abandoned = True
                     self._stuck += 1
-            if job.abandoned:
+            if job.abandoned:  # the worker gives itself back when the tool returns
                 logger.warning(
                     "tool call %s timed out after %sms; its worker thread is abandoned",
                     tool_call_id,
@@ -182,38 +183,76 @@ class ToolTimeoutHandler:
                     f"Tool call {tool_call_id} timed out after {timeout_ms:g}ms"
                 )
             job.done.acquire()  # finished just now: the release is imminent
+        self._give_back(worker)
         if job.error is not None:
             error, job.error = job.error, None
             raise error
         return job.value
 
-    def _worker(self) -> _Worker:
+    def _take(self, timeout: float) -> tuple[_Worker, float]:
+        """A worker for one call (idle, or a new thread), and what is left of the
+        timeout after waiting for one when all ``max_workers`` were busy."""
         with self._lock:
+            if self._stuck >= self.max_workers:
+                raise WorkerLimitReached(self.max_workers)
+            if self._busy >= self.max_workers:
+                # Every worker is busy: wait for one, but within this call's timeout.
+                deadline = time.monotonic() + timeout
+                self._waiting += 1
+                try:
+                    while self._busy >= self.max_workers:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or self._stuck >= self.max_workers:
+                            raise WorkerLimitReached(self.max_workers)
+                        self._freed.wait(left)
+                finally:
+                    self._waiting -= 1
+                timeout = max(deadline - time.monotonic(), 0.001)
+            self._busy += 1
             if self._idle:
-                return self._idle.pop()
+                return self._idle.pop(), timeout
             self._workers += 1
             self._started += 1
         try:
-            return _Worker(self)
+            return _Worker(self), timeout
         except BaseException:
             with self._lock:
                 self._workers -= 1
+                self._busy -= 1
+                self._notify_freed()
             raise
 
-    def _finish(self, worker: _Worker, job: _Job) -> bool:
-        """Book a finished job; return whether the worker stays (idle) or exits."""
+    def _give_back(self, worker: _Worker) -> None:
+        """The caller's call ended in time: its worker goes idle (or ends)."""
         with self._lock:
-            job.finished = True
-            if job.abandoned:
-                self._stuck -= 1
-                job.value = job.error = None  # the late result is discarded
-            keep = len(self._idle) < self.max_idle_workers
-            if keep:
-                self._idle.append(worker)
-            else:
-                self._workers -= 1
-        self._slots.release()
+            keep = self._park(worker)
+        if not keep:
+            worker.jobs.put(None)
+
+    def _reclaim(self, worker: _Worker, job: _Job) -> bool:
+        """An abandoned job ended: book its late result away and say whether the
+        worker stays (idle) or ends."""
+        with self._lock:
+            self._stuck -= 1
+            job.value = job.error = None  # the late result is discarded
+            return self._park(worker)
+
+    def _park(self, worker: _Worker) -> bool:
+        """A worker's job ended: it goes idle, or ends when the idle list is full
+        (returns which). Caller holds the lock."""
+        self._busy -= 1
+        keep = len(self._idle) < self.max_idle_workers
+        if keep:
+            self._idle.append(worker)
+        else:
+            self._workers -= 1
+        self._notify_freed()
         return keep
+
+    def _notify_freed(self) -> None:
+        """Caller holds the lock."""
+        if self._waiting:
+            self._freed.notify()
 
     def _retire(self, worker: _Worker) -> bool:
         """An idle worker that waited ``idle_seconds`` for work ends, unless a caller

@@ -101,6 +101,37 @@ def test_it_bounds_threads_under_concurrent_hanging_calls(release):
     assert handler.threads_started <= 4
 
 
+def test_a_caller_waits_for_a_busy_worker_within_its_timeout():
+    handler = ToolTimeoutHandler(max_workers=1)
+    started, go_on = threading.Event(), threading.Event()
+    results = []
+
+    def slow():
+        started.set()
+        go_on.wait(5)
+        return "first"
+
+    first = threading.Thread(target=lambda: results.append(handler.execute_with_timeout(slow, "c1", 5000)))
+    first.start()
+    assert started.wait(5)
+    threading.Timer(0.05, go_on.set).start()  # frees the only worker while c2 waits
+    assert handler.execute_with_timeout(lambda: "second", "c2", 5000) == "second"
+    first.join()
+    assert results == ["first"] and handler.threads_started == 1
+
+
+def test_a_caller_gives_up_waiting_for_a_busy_worker_at_its_timeout(release):
+    handler = ToolTimeoutHandler(max_workers=1)
+    first = threading.Thread(target=lambda: handler.execute_with_timeout(release.wait, "c1", 5000))
+    first.start()
+    wait_until(lambda: handler.live_workers == 1)
+    with pytest.raises(WorkerLimitReached):
+        handler.execute_with_timeout(lambda: 1, "c2", 30)
+    release.set()
+    first.join()
+    assert handler.execute_with_timeout(lambda: 3, "c3", 1000) == 3
+
+
 def test_it_classifies_the_limit_as_a_resource_error(release):
     handler = ToolTimeoutHandler(max_workers=1)
     with pytest.raises(ToolTimeoutError):
