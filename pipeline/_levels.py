@@ -14,6 +14,7 @@ import base64
 import dataclasses
 import datetime as _dt
 import json
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 import math
 import uuid
 from collections.abc import Mapping, Sequence
@@ -141,9 +142,28 @@ def _sanitise(value: Any, depth: int, active: set[int]) -> Any:
     return _sanitise(converted, depth + 1, active)
 
 
+def _c_encoder(sort_keys: bool, compact: bool) -> Any:
+    """A reusable C encoder: ``json.dumps`` builds one (and an encoder object) per
+    call, which is most of the cost of encoding a small value. Built without the
+    cycle check: a cycle ends in RecursionError, which ``_dumps`` turns into the
+    marker as it does for very deep data."""
+    if c_make_encoder is None:  # pragma: no cover - CPython always has it
+        return None
+    return c_make_encoder(
+        None, _jsonable, encode_basestring, None,
+        ":" if compact else ": ", "," if compact else ", ", sort_keys, False, True,
+    )
+
+
+_ENCODERS = {(False, False): _c_encoder(False, False), (True, True): _c_encoder(True, True)}
+
+
 def _dumps(value: Any, indent: Optional[int], sort_keys: bool, compact: bool) -> str:
     separators = (",", ":") if compact else None
     try:
+        encoder = _ENCODERS.get((sort_keys, compact)) if indent is None else None
+        if encoder is not None:
+            return "".join(encoder(value, 0))
         return json.dumps(
             value,
             ensure_ascii=False,
