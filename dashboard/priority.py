@@ -1,4 +1,4 @@
-"""Pages before ingest inside one web process.
+"""Pages before ingest, inside one web process and across the server's processes.
 
 A gunicorn worker's threads share one interpreter lock: while three threads decode
 and store big span batches, a page gets about a quarter of the process's CPU and
@@ -7,17 +7,94 @@ requests are counted while they run (``PagePriorityMiddleware``), and ingest cal
 ``yield_to_pages`` at safe points — between chunks of decoding, before taking the
 database's write lock, never inside a transaction — where it waits while a page
 is being served, at most ``MAX_WAIT`` each time so ingest always progresses.
+
+Across processes: the CPU is shared too. Under 16 senders on PostgreSQL a page
+took about a second of its own time while the other workers' ingest threads and
+their database backends kept both cores busy. So the server's processes share a
+small board (a file every process maps, made by gunicorn's master: ``PageBoard``):
+each process's slot holds when the oldest page it is serving started, and ingest
+at a safe point also waits, polling, while another process serves a page. A slot
+left behind by a process killed mid-page is ignored after ``STALE_S``. Outside
+gunicorn (runserver, tests, the gRPC server) there is no board and only the
+process's own pages count.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
+import struct
 import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 from django.http import HttpRequest, HttpResponse
 
 MAX_WAIT = 0.05  # seconds one safe point may wait
+POLL = 0.005  # seconds between looks at the board while another process serves a page
+STALE_S = 10.0  # a board slot older than this is a process killed mid-page: ignored
+BOARD_ENV = "OBSERVATORY_PAGE_BOARD"  # the board file's path (set by the gunicorn master)
+SLOT_ENV = "OBSERVATORY_PAGE_SLOT"  # this process's slot (set in gunicorn's post_fork)
+SLOTS = 64
+_SLOT = struct.Struct("d")
+_ALL = struct.Struct(f"{SLOTS}d")
+_EMPTY = bytes(_ALL.size)
+
+
+class PageBoard:
+    """The server's processes' page slots in one mapped file: slot i holds the
+    epoch time at which process i started serving the page(s) it serves now, 0.0
+    when it serves none. Each process writes only its own slot (an aligned 8-byte
+    store); reads are a hint, so no lock is taken across processes."""
+
+    def __init__(self, path: str, slot: int) -> None:
+        if not 0 <= slot < SLOTS:
+            raise ValueError(f"slot must be in 0..{SLOTS - 1}")
+        with open(path, "r+b") as file:
+            self._map = mmap.mmap(file.fileno(), _ALL.size)
+        self.slot = slot
+
+    @staticmethod
+    def create(path: str) -> None:
+        """Make (or empty) the board file; the master does it before forking."""
+        with open(path, "wb") as file:
+            file.write(_EMPTY)
+
+    def mark(self, started: float) -> None:
+        _SLOT.pack_into(self._map, self.slot * _SLOT.size, started)
+
+    def others_busy(self) -> bool:
+        board = self._map
+        if board[:] == _EMPTY:
+            return False
+        now = time.time()
+        return any(
+            started and now - started < STALE_S
+            for slot, started in enumerate(_ALL.unpack_from(board))
+            if slot != self.slot
+        )
+
+    def close(self) -> None:
+        self._map.close()
+
+
+_board_pid = 0
+_board: Optional[PageBoard] = None
+
+
+def page_board() -> Optional[PageBoard]:
+    """This process's view of the server's board (opened after the fork), if any."""
+    global _board, _board_pid
+    pid = os.getpid()
+    if _board_pid != pid:
+        _board_pid, _board = pid, None
+        path, slot = os.environ.get(BOARD_ENV), os.environ.get(SLOT_ENV)
+        if path and slot is not None:
+            try:
+                _board = PageBoard(path, int(slot) % SLOTS)
+            except (OSError, ValueError):
+                _board = None  # no board: this process's own pages still count
+    return _board
 
 _lock = threading.Lock()
 _pages = 0
@@ -26,9 +103,17 @@ _no_page.set()
 
 
 def yield_to_pages() -> None:
-    """Wait (bounded) while this process serves a page."""
+    """Wait (bounded) while this process, or another process of the server,
+    serves a page."""
     if not _no_page.is_set():
         _no_page.wait(MAX_WAIT)
+        return
+    board = page_board()
+    if board is None or not board.others_busy():
+        return
+    deadline = time.monotonic() + MAX_WAIT
+    while board.others_busy() and time.monotonic() < deadline and _no_page.is_set():
+        time.sleep(POLL)
 
 
 def pages_in_progress() -> int:
@@ -47,6 +132,9 @@ class PagePriorityMiddleware:
         with _lock:
             _pages += 1
             _no_page.clear()
+            board = page_board()
+            if board is not None:  # the latest start: busy for STALE_S more at least
+                board.mark(time.time())
         started = time.perf_counter()
         try:
             response = self.get_response(request)
@@ -58,3 +146,6 @@ class PagePriorityMiddleware:
                 _pages -= 1
                 if not _pages:
                     _no_page.set()
+                    board = page_board()
+                    if board is not None:
+                        board.mark(0.0)

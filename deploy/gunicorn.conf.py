@@ -35,6 +35,31 @@ if preload_app:
     os.environ["OBSERVATORY_BACKGROUND_AFTER_FORK"] = "1"
 
 
+def on_starting(server):
+    # The page board the workers share (dashboard/priority.py): ingest in every
+    # worker steps aside while any worker serves a page.
+    import tempfile
+
+    from dashboard.priority import BOARD_ENV, PageBoard
+
+    path = os.environ.get(BOARD_ENV)  # a deployment may choose it (e.g. under /dev/shm)
+    if not path:
+        handle, path = tempfile.mkstemp(prefix="observatory-pages-")
+        os.close(handle)
+        server.observatory_board_made = path
+    PageBoard.create(path)
+    os.environ[BOARD_ENV] = path
+
+
+def on_exit(server):
+    path = getattr(server, "observatory_board_made", None)
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def pre_fork(server, worker):
     if preload_app:
         from django.db import connections
@@ -43,6 +68,12 @@ def pre_fork(server, worker):
 
 
 def post_fork(server, worker):
+    from dashboard.priority import SLOT_ENV, SLOTS, page_board
+
+    os.environ[SLOT_ENV] = str(worker.age % SLOTS)
+    board = page_board()
+    if board is not None:
+        board.mark(0.0)  # whatever a killed predecessor on this slot left
     if preload_app:
         from dashboard.observatory.dispatch import start_background
 
