@@ -81,7 +81,7 @@ from ._levels import format_observation, resolve_output_level, summarize_data, t
 from ._carriers import ContentBlock, ContentBlockType, MessageType, StandardMessage
 from ._errors import ToolError, ToolErrorResponse, ToolErrorType, classify_exception
 from ._retry import ToolRetryPolicy
-from ._timeout import ToolTimeoutHandler, WorkerLimitReached, get_timeout_handler
+from ._timeout import InlineTimeoutHandler, ToolTimeoutHandler, WorkerLimitReached, get_timeout_handler
 from ._executor import LazyRenderings, ToolExecutor, ToolSpec, pipeline_tool, render_levels
 
 __all__ += [
@@ -96,6 +96,7 @@ __all__ += [
     "ToolExecutor",
     "ToolRetryPolicy",
     "ToolSpec",
+    "InlineTimeoutHandler",
     "ToolTimeoutHandler",
     "WorkerLimitReached",
     "classify_exception",

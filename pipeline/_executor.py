@@ -35,7 +35,7 @@ from ._priority import call_ended, call_started
 from ._models import Payload, ToolCachePolicy, ToolExecutionResult, ToolInvocationRequest
 from ._records import LevelRendering
 from ._retry import ToolRetryPolicy
-from ._timeout import ToolTimeoutHandler, get_timeout_handler
+from ._timeout import InlineTimeoutHandler, ToolTimeoutHandler, get_timeout_handler
 
 logger = logging.getLogger("pipeline.tools")
 
@@ -213,7 +213,7 @@ class ToolExecutor:
         global_default_level: Union[OutputLevel, str] = OutputLevel.STANDARD,
         tool_levels: Optional[Mapping[str, Union[OutputLevel, str]]] = None,
         tool_cache_policies: Optional[Mapping[str, Union[ToolCachePolicy, str]]] = None,
-        timeout_handler: Optional[ToolTimeoutHandler] = None,
+        timeout_handler: Optional[Union[ToolTimeoutHandler, InlineTimeoutHandler]] = None,
         on_result: Optional[Iterable[ResultCallback]] = None,
         conversation_id: Optional[str] = None,
     ) -> None:
@@ -566,6 +566,13 @@ class ToolExecutor:
             run = None
             invoke = functools.partial(spec.func, **request.parameters)
         run_with_timeout = self.timeout_handler.execute_with_timeout
+        # A coroutine runs to completion on a loop of its own, which the calling
+        # thread may not start (it may run one): on a worker thread, even inline.
+        run_awaitable = (
+            get_timeout_handler().execute_with_timeout
+            if isinstance(self.timeout_handler, InlineTimeoutHandler)
+            else run_with_timeout
+        )
         steps = self._attempts(request, spec)
         try:
             run_now, timeout = next(steps)
@@ -578,11 +585,11 @@ class ToolExecutor:
                     if run is None:
                         value = run_with_timeout(invoke, tool_call_id, timeout)
                         if inspect.isawaitable(value):  # a def that returned a coroutine
-                            value = run_with_timeout(
+                            value = run_awaitable(
                                 functools.partial(_run_to_completion, value, timeout), tool_call_id, timeout
                             )
                     else:
-                        value = run_with_timeout(functools.partial(run, timeout), tool_call_id, timeout)
+                        value = run_awaitable(functools.partial(run, timeout), tool_call_id, timeout)
                 except Exception as exc:
                     run_now, timeout = steps.throw(exc)
                 else:

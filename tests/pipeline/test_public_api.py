@@ -41,6 +41,7 @@ TOOL_PROTOCOL_API = {
     # _retry
     "ToolRetryPolicy",
     # _timeout
+    "InlineTimeoutHandler",
     "ToolTimeoutHandler",
     "WorkerLimitReached",
     "get_timeout_handler",
