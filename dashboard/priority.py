@@ -17,15 +17,27 @@ at a safe point also waits, polling, while another process serves a page. A slot
 left behind by a process killed mid-page is ignored after ``STALE_S``. Outside
 gunicorn (runserver, tests, the gRPC server) there is no board and only the
 process's own pages count.
+
+Fewer writers at once: on PostgreSQL every ingest thread of every worker can be
+inside a transaction at the same time (sixteen with the deployed 4 × 4), each with a
+database backend competing for the two cores with the page being served. So the
+server's ingest transactions take one of ``OBSERVATORY_MAX_CONCURRENT_WRITES``
+write slots (default: half the cores on PostgreSQL; SQLite's own write lock already
+admits one) — lock files next to the board, held with ``flock`` (a process killed
+holding one releases it) — and wait, polling, for a free one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
+import random
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Callable, Optional
 
 from django.http import HttpRequest, HttpResponse
@@ -100,6 +112,94 @@ _lock = threading.Lock()
 _pages = 0
 _no_page = threading.Event()
 _no_page.set()
+
+
+class WriteSlots:
+    """``count`` slots shared by the server's processes: lock file ``{board}.w{k}``
+    per slot, one descriptor per slot per process, and a thread lock per slot so
+    two threads of a process never share one (``flock`` belongs to the descriptor)."""
+
+    def __init__(self, board_path: str, count: int) -> None:
+        self.count = count
+        self._fds = [os.open(f"{board_path}.w{slot}", os.O_RDWR | os.O_CREAT, 0o600) for slot in range(count)]
+        self._locks = [threading.Lock() for _ in range(count)]
+
+    def try_take(self) -> Optional[int]:
+        """A free slot, taken; None when all are held."""
+        start = random.randrange(self.count)  # spread the processes over the slots
+        for step in range(self.count):
+            slot = (start + step) % self.count
+            if not self._locks[slot].acquire(blocking=False):
+                continue
+            try:
+                fcntl.flock(self._fds[slot], fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                self._locks[slot].release()
+                continue
+            return slot
+        return None
+
+    def give_back(self, slot: int) -> None:
+        fcntl.flock(self._fds[slot], fcntl.LOCK_UN)
+        self._locks[slot].release()
+
+    @contextmanager
+    def held(self, wait: float) -> Iterator[bool]:
+        """Hold a slot for the block; after ``wait`` seconds without one, go on
+        without (yields False): the slots shape the load, they never refuse it."""
+        slot = self.try_take()
+        if slot is None:
+            deadline = time.monotonic() + wait
+            while slot is None and time.monotonic() < deadline:
+                time.sleep(POLL)
+                slot = self.try_take()
+        try:
+            yield slot is not None
+        finally:
+            if slot is not None:
+                self.give_back(slot)
+
+
+_slots_pid = 0
+_slots: Optional[WriteSlots] = None
+
+
+def write_slots() -> Optional[WriteSlots]:
+    """This process's handle on the server's write slots, if there is a board and
+    a limit."""
+    global _slots, _slots_pid
+    pid = os.getpid()
+    if _slots_pid != pid:
+        from django.conf import settings
+
+        _slots_pid, _slots = pid, None
+        path, count = os.environ.get(BOARD_ENV), settings.OBSERVATORY_MAX_CONCURRENT_WRITES
+        if path and count > 0:
+            try:
+                _slots = WriteSlots(path, count)
+            except OSError:
+                _slots = None
+    return _slots
+
+
+WRITE_WAIT = 2.0  # seconds a transaction waits for a write slot before going on without
+
+
+@contextmanager
+def ingest_transaction() -> Iterator[None]:
+    """The transaction of one ingest batch: after a bounded wait while a page is
+    served (not inside: on SQLite it holds the write lock), in one of the server's
+    write slots."""
+    from django.db import transaction
+
+    yield_to_pages()
+    slots = write_slots()
+    if slots is None:
+        with transaction.atomic():
+            yield
+        return
+    with slots.held(WRITE_WAIT), transaction.atomic():
+        yield
 
 
 def yield_to_pages() -> None:

@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from ninja import Router, Schema, Status
 from ninja.security.http import HttpAuthBase
@@ -24,7 +23,7 @@ from pydantic import TypeAdapter
 
 from dashboard import converters  # noqa: F401  (registers artifact_id)
 from dashboard.observatory.services import artifact_store, derivations_enqueue, records_store
-from dashboard.priority import yield_to_pages
+from dashboard.priority import ingest_transaction, yield_to_pages
 from dashboard.tuning.services import config_body_and_etag, effective_config
 from pipeline import IngestResponse, Record, RecordSchemaError, parse_record
 
@@ -130,8 +129,7 @@ def post_records(request: HttpRequest) -> dict[str, Any]:
         items = _record_items(load_json(body, max_depth=RECORDS_JSON_DEPTH))
         memory_reserve(json_decode_cost(body), "the records")  # the validated models
         valid, rejected = records_validate(items)
-        yield_to_pages()  # not inside the transaction: on SQLite it holds the write lock
-        with transaction.atomic():
+        with ingest_transaction():
             outcome = records_store(project=project, records=valid)
             derivations_enqueue(
                 project_id=project.pk, conversation_ids=outcome.conversation_ids, hours=outcome.tool_hours

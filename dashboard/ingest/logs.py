@@ -21,14 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Sequence
 
-from django.db import transaction
 from django.utils import timezone as dj_timezone
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.conventions import text_of
 from dashboard.observatory.models import LogRecord, Span
 from dashboard.observatory.services import conversations_get_or_create, insert_ignoring_conflicts
-from dashboard.priority import yield_to_pages
+from dashboard.priority import ingest_transaction
 
 from .otlp_logs import LogRow
 from .spans import _CONVERSATION_KEY_MAX, _LOOKUP_CHUNK, _aware
@@ -86,8 +85,7 @@ def logs_store(*, project: Project, logs: Sequence[LogRow]) -> StoredLogs:
         }
         for log, key in zip(logs, keys)
     ]
-    yield_to_pages()  # not inside the transaction: on SQLite it holds the write lock
-    with transaction.atomic():
+    with ingest_transaction():
         by_key = _conversations_for(project, logs, keys)
         by_span, by_trace = _span_conversations(project, {log.trace_id for log in logs if log.trace_id})
         linked = 0

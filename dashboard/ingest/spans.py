@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone as dj_timezone
 
 from dashboard.accounts.models import Project
-from dashboard.priority import yield_to_pages
+from dashboard.priority import ingest_transaction
 from dashboard.observatory.conventions import KEYS as CONVENTION_KEYS
 from dashboard.observatory.conventions import is_genai, link_facts
 from dashboard.observatory.models import Conversation, Span, ToolExecution
@@ -129,8 +129,7 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
     # transaction (on SQLite it holds the write lock), for the traces no span of
     # this batch names.
     stored = _stored_trace_conversations(project, spans, links)
-    yield_to_pages()  # not inside the transaction: on SQLite it holds the write lock
-    with transaction.atomic():
+    with ingest_transaction():
         by_key = _conversations_for(project, spans, links)
         executions = _tool_executions_for(project, links)
         conversations = _conversation_per_span(spans, links, by_key, executions, stored)

@@ -119,3 +119,83 @@ def test_the_middleware_marks_this_process_while_a_page_runs(this_process_on_slo
     page(RequestFactory().get("/"))
     assert seen == [True]
     assert not observer.others_busy()
+
+
+HOLDER = """
+import sys
+from dashboard.priority import WriteSlots
+slots = WriteSlots(sys.argv[1], 1)
+print("took" if slots.try_take() is not None else "none", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _holder(board_path):
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, board_path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "took"
+    return child
+
+
+def test_a_write_slot_held_by_another_process_is_not_free_until_it_ends(board_path):
+    mine = priority.WriteSlots(board_path, 1)
+    child = _holder(board_path)
+    try:
+        assert mine.try_take() is None
+    finally:
+        child.stdin.close()
+        child.wait(10)
+    slot = mine.try_take()
+    assert slot == 0
+    mine.give_back(slot)
+
+
+def test_a_process_killed_holding_a_slot_frees_it(board_path):
+    mine = priority.WriteSlots(board_path, 1)
+    child = _holder(board_path)
+    child.kill()  # SIGKILL: no chance to give it back
+    child.wait(10)
+    assert mine.try_take() == 0
+
+
+def test_two_threads_of_a_process_never_share_a_slot(board_path):
+    slots = priority.WriteSlots(board_path, 2)
+    first, second = slots.try_take(), slots.try_take()
+    assert {first, second} == {0, 1}
+    taken = []
+    thread = threading.Thread(target=lambda: taken.append(slots.try_take()))
+    thread.start()
+    thread.join(10)
+    assert taken == [None]
+    slots.give_back(first)
+    assert slots.try_take() == first
+
+
+def test_a_transaction_goes_on_without_a_slot_after_the_wait(board_path):
+    slots = priority.WriteSlots(board_path, 1)
+    child = _holder(board_path)
+    try:
+        started = time.monotonic()
+        with slots.held(0.1) as got:
+            assert got is False
+        assert time.monotonic() - started >= 0.1
+    finally:
+        child.stdin.close()
+        child.wait(10)
+    with slots.held(0.1) as got:
+        assert got is True
+
+
+@pytest.mark.django_db
+def test_ingest_transactions_take_a_write_slot_when_there_is_a_board(this_process_on_slot_1, board_path, settings, monkeypatch):
+    settings.OBSERVATORY_MAX_CONCURRENT_WRITES = 1
+    monkeypatch.setattr(priority, "_slots_pid", 0)
+    observer = priority.WriteSlots(board_path, 1)
+    try:
+        with priority.ingest_transaction():
+            assert observer.try_take() is None  # held by this transaction
+        slot = observer.try_take()
+        assert slot == 0
+        observer.give_back(slot)
+    finally:
+        monkeypatch.setattr(priority, "_slots_pid", 0)
