@@ -355,6 +355,8 @@ class InlineTimeoutHandler:
             finally:
                 self._disarm(deadline)
         except _Overrun:
+            if not deadline.fired:  # an outer call's deadline (a tool calling tools): its turn
+                raise
             logger.warning("tool call %s timed out after %sms on the calling thread", tool_call_id, timeout_ms)
             raise ToolTimeoutError(f"Tool call {tool_call_id} timed out after {timeout_ms:g}ms") from None
 

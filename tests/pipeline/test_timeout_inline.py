@@ -104,6 +104,19 @@ def test_it_serves_several_threads_each_with_its_own_deadline():
     assert results == {"slow": "timeout", "fast": "done"}
 
 
+def test_an_outer_deadline_is_not_taken_for_an_inner_calls():
+    handler = InlineTimeoutHandler()
+
+    def outer():
+        try:
+            return handler.execute_with_timeout(lambda: spin(30), "inner", 20_000)
+        except ToolTimeoutError:
+            return "inner timed out"  # wrong: it was the outer call's deadline
+
+    with pytest.raises(ToolTimeoutError, match="outer timed out"):
+        handler.execute_with_timeout(outer, "outer", 100)
+
+
 @pytest.mark.parametrize("timeout_ms", [0, -5])
 def test_it_refuses_a_non_positive_timeout(timeout_ms):
     with pytest.raises(ValueError):
