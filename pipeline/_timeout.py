@@ -8,6 +8,10 @@ most ``max_workers`` workers exist at once (default 32); when all of them are
 stuck, new calls fail fast with a RESOURCE_ERROR instead of spawning more threads.
 Workers whose calls finish are kept (a small idle pool) and reused, so a normal
 call costs a hand-off between two threads, not a thread start.
+
+``InlineTimeoutHandler`` is the other form the design documents describe: the tool
+on the calling thread and a timer raising the timeout into it. No hand-off, but only
+Python code can be interrupted; see its docstring for when to choose it.
 """
 
 from __future__ import annotations
@@ -324,7 +328,7 @@ class InlineTimeoutHandler:
     thread, a timer raises the timeout): no hand-off to a worker thread, so a call
     costs tens of microseconds less, and the tool runs on the agent's own thread.
 
-    The deadline is enforced by one watchdog thread for the process, which raises
+    The deadline is enforced by one watchdog thread per handler, which raises
     the timeout into the calling thread. Python code is interrupted at once (even
     inside ``except Exception``); a tool blocked inside C (a socket read without a
     timeout, ``time.sleep``, a lock) is interrupted only when that call returns.
