@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from pipeline import ToolErrorType, ToolTimeoutHandler, WorkerLimitReached, classify_exception, get_timeout_handler
+from pipeline import InlineTimeoutHandler, ToolErrorType, ToolTimeoutHandler, WorkerLimitReached, classify_exception, get_timeout_handler
 from pipeline._exceptions import ToolTimeoutError
 
 
@@ -36,14 +36,15 @@ def test_it_reuses_one_worker_for_calls_that_finish():
     assert handler.threads_started == 1 and handler.live_workers == 1
 
 
-def test_it_propagates_exceptions_as_themselves():
+@pytest.mark.parametrize("handler_class", [ToolTimeoutHandler, InlineTimeoutHandler])
+def test_it_propagates_exceptions_as_themselves(handler_class):
     boom = LookupError("no such region")
 
     def tool():
         raise boom
 
     with pytest.raises(LookupError) as caught:
-        ToolTimeoutHandler().execute_with_timeout(tool, "call_1", 1000)
+        handler_class().execute_with_timeout(tool, "call_1", 1000)
     assert caught.value is boom
 
 
