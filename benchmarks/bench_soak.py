@@ -141,7 +141,7 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
         thread.start()
     print(f"{args.agents} agents offering {args.rate:,.0f} spans/s in batches of {BATCH_SIZES} + 50 records "
           f"every 4 batches, for {args.seconds / 60:.0f} min on {args.db}; a line every {args.window:.0f} s", flush=True)
-    print(f"{'min':>5} {'spans/s':>8} {'records/s':>9} {'acked spans':>12} {'RSS MB':>7} {'page p95':>9} "
+    print(f"{'min':>5} {'spans/s':>8} {'records/s':>9} {'acked spans':>12} {'RSS MB':>7} {'PSS MB':>7} {'page p95':>9} "
           f"{'lag p95':>8} {'lag max':>8}", flush=True)
     started = time.time()
     window_start, last = started, stored_counts(project.pk)
@@ -163,6 +163,7 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
                 rss_by_window.append(rss)
                 print(f"{(now - started) / 60:>5.1f} {(counts[0] - last[0]) / seconds:>8.0f} "
                       f"{(counts[1] - last[1]) / seconds:>9.0f} {len(acknowledged.span_ids):>12,} {rss:>7.0f} "
+                      f"{sampler.window_pss(window_start):>7.0f} "
                       f"{percentile(page_times, 95) * 1000:>7.0f}ms {percentile(lags, 95):>7.1f}s "
                       f"{max(lags, default=float('nan')):>7.1f}s", flush=True)
                 window_start, last = now, counts
@@ -178,7 +179,7 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
           f"({acknowledged.retries} batches answered 429/503, {acknowledged.refused} refused "
           f"{acknowledged.first_refusal}); lag p95 {percentile(lag_all, 95):.1f} s over {len(lag_all)} record batches")
     print(f"server RSS: peak {sampler.peak:.0f} MB (PSS {sampler.peak_pss:.0f} MB); after warm-up {warm:.0f} MB, last window "
-          f"{rss_by_window[-1] if rss_by_window else 0:.0f} MB")
+          f"{rss_by_window[-1] if rss_by_window else 0:.0f} MB; {sampler.process_summary()}")
     print("rollups and links " + (f"agreed with the rows {converged:.1f} s after the load" if converged is not None
                                   else f"did NOT agree with the rows within {args.converge_timeout:.0f} s: {off}"))
     print("targets: lag p95 < 10 s, RSS < 400 MB and flat, page p95 < 500 ms")
