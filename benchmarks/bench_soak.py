@@ -135,7 +135,7 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
     lag = LagTracker(acknowledged)
     threads = [threading.Thread(target=agent.run, args=(stop,), kwargs={"spans_per_second": per_agent}) for agent in agents]
     threads.append(threading.Thread(target=reader.run, args=(stop,), kwargs={"pause": 1.0}))
-    watcher = threading.Thread(target=sampler.run, args=(stop_watch,))
+    watcher = threading.Thread(target=sampler.run, args=(stop_watch,), daemon=True)  # an interrupted run still exits
     watcher.start()
     for thread in threads:
         thread.start()
