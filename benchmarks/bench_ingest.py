@@ -41,6 +41,7 @@ import http.client
 import json
 import os
 import queue
+import random
 import secrets
 import shutil
 import signal
@@ -174,9 +175,18 @@ def record_batches(count: int, size: int) -> list[bytes]:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port: any, or one of BENCH_PORTS ("18400-18499") when set, so
+    benchmarks run side by side on a shared machine each stay in their own range."""
+    low, _, high = os.environ.get("BENCH_PORTS", "").partition("-")
+    candidates = range(int(low), int(high or low) + 1) if low else [0]
+    for port in random.sample(candidates, len(candidates)) if low else candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise SystemExit(f"no free port in BENCH_PORTS={os.environ['BENCH_PORTS']}")
 
 
 def manage(env: dict[str, str], *args: str) -> str:

@@ -326,18 +326,37 @@ def percentile(values: list[float], pct: float) -> float:
 
 
 class RssSampler:
+    """The server's summed RSS and PSS every ``every`` seconds, and each process's
+    peak RSS (the master first), so a report can say which process grew."""
+
     def __init__(self, server: Server) -> None:
         self.server = server
         self.samples: list[tuple[float, float]] = []
         self.pss_samples: list[float] = []
+        self.pss_timed: list[tuple[float, float]] = []
+        self.process_peaks: dict[int, float] = {}
 
     def run(self, stop: threading.Event, *, every: float = 0.5) -> None:
         while not stop.is_set():
             pids = self.server.pids()
             if pids:
-                self.samples.append((time.time(), rss_mib(pids)))
+                now = time.time()
+                self.samples.append((now, rss_mib(pids)))
                 self.pss_samples.append(pss_mib(pids))
+                self.pss_timed.append((now, self.pss_samples[-1]))
+                for pid in pids:
+                    self.process_peaks[pid] = max(self.process_peaks.get(pid, 0.0), rss_mib([pid]))
             stop.wait(every)
+
+    def window_pss(self, since: float) -> float:
+        return max((value for at, value in self.pss_timed if at >= since), default=0.0)
+
+    def process_summary(self) -> str:
+        """Peak RSS per process, the master first: ``master 80, workers 150 160 …`` (MB)."""
+        if not self.process_peaks:
+            return "no processes sampled"
+        master, *workers = self.process_peaks.values()
+        return f"master {master:.0f}, workers {' '.join(f'{rss:.0f}' for rss in workers)} (peak RSS each, MB)"
 
     @property
     def peak(self) -> float:

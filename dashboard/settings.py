@@ -209,6 +209,12 @@ OBSERVATORY_DERIVE_DELAY_MS = env.env_int("OBSERVATORY_DERIVE_DELAY_MS", 500, mi
 # First wait before a failed derivation note is tried again (then doubling, parked after 5 tries).
 OBSERVATORY_DERIVE_RETRY_SECONDS = env.env_int("OBSERVATORY_DERIVE_RETRY_SECONDS", 2, minimum=0)
 OBSERVATORY_DERIVE_INLINE = env.env_bool("OBSERVATORY_DERIVE_INLINE", env.running_tests())
+# An hour's tool rollups are recomputed from its rows at most once in this many
+# seconds by the outbox (the notes in between wait for it); 0 recomputes after every
+# pass (the inline mode of the tests, where each batch is derived before the answer).
+OBSERVATORY_ROLLUP_INTERVAL_SECONDS = env.env_int(
+    "OBSERVATORY_ROLLUP_INTERVAL_SECONDS", 0 if OBSERVATORY_DERIVE_INLINE else 10, minimum=0
+)
 CELERY_RESULT_BACKEND = env.env_str("CELERY_RESULT_BACKEND") or None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True

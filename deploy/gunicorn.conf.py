@@ -1,5 +1,6 @@
 """gunicorn settings for the dashboard. Every value can be overridden from the environment."""
 
+import gc
 import multiprocessing
 import os
 
@@ -65,6 +66,12 @@ def pre_fork(server, worker):
         from django.db import connections
 
         connections.close_all()
+        # The imported app's objects go to the collector's permanent generation, so a
+        # worker's collections never write to them and their pages stay shared with
+        # the master: without it each worker had copied most of the master's heap
+        # (private 70-80 MB, shared with the master 16 MB; benchmarks/bench_soak.py).
+        gc.collect()
+        gc.freeze()
 
 
 def post_fork(server, worker):

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from django.db import connections, router, transaction
 from django.db.models import Model
-from django.db.models import Count, Exists, Max, Min, OuterRef, Q, Sum
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import TruncHour
 from django.utils import timezone
@@ -39,6 +39,7 @@ from .models import (
 TITLE_LENGTH = 120
 LINK_WINDOW = timedelta(days=2)  # how far back the beat's pass looks for unlinked rows
 BEAT_SPAN_LIMIT = 5_000  # unlinked spans one beat pass loads, the newest first (bounds its memory too)
+LINK_CHUNK = 2_000  # tool executions one step of the link pass reads at once
 SPAN_STATUS_ERROR = 2
 
 
@@ -101,25 +102,27 @@ def _conversation_totals_refresh(ids: list[int]) -> int:
     )
     spans = _grouped(Span.objects.filter(conversation_id__in=ids), first=Min("start_time"), last=Max("end_time"))
 
-    first_user_message = {
-        row["conversation_id"]: row["content"]
-        for row in Message.objects.filter(conversation_id__in=ids, role="user", is_meta=False)
-        .order_by("conversation_id", "-index")
-        .values("conversation_id", "content")
-    }  # ordered newest first, so the dict keeps the lowest index per conversation
-    latest_round: dict[int, dict[str, Any]] = {}
-    first_round_message: dict[int, str] = {}
-    for row in Round.objects.filter(conversation_id__in=ids).order_by("conversation_id", "index", "occurred_at").values(
-        "conversation_id", "model", "user_id", "status", "user_message"
-    ):
-        latest_round[row["conversation_id"]] = row
-        if row["user_message"]:
-            first_round_message.setdefault(row["conversation_id"], row["user_message"])
-    latest_tool_model = {
-        row["conversation_id"]: row["model"]
-        for row in ToolExecution.objects.filter(conversation_id__in=ids).exclude(model="")
-        .order_by("conversation_id", "occurred_at").values("conversation_id", "model")
-    }
+    # One row of each per conversation, found through the conversation's index by
+    # the database: never all of a long conversation's messages, rounds or tool
+    # executions in memory (the tool executions alone grow by thousands a minute).
+    firsts_and_lasts = {row["pk"]: row for row in Conversation.objects.filter(pk__in=ids).annotate(
+        first_user_message=_first(Message.objects.filter(role="user", is_meta=False), "content", "index"),
+        first_round_message=_first(Round.objects.exclude(user_message=""), "user_message", "index", "occurred_at"),
+        last_round_model=_first(Round.objects.all(), "model", "-index", "-occurred_at"),
+        last_round_user=_first(Round.objects.all(), "user_id", "-index", "-occurred_at"),
+        last_round_status=_first(Round.objects.all(), "status", "-index", "-occurred_at"),
+        last_tool_model=_first(ToolExecution.objects.exclude(model=""), "model", "-occurred_at"),
+    ).values("pk", "first_user_message", "first_round_message", "last_round_model", "last_round_user",
+             "last_round_status", "last_tool_model")}
+    first_user_message = {pk: row["first_user_message"] for pk, row in firsts_and_lasts.items()
+                          if row["first_user_message"] is not None}
+    first_round_message = {pk: row["first_round_message"] for pk, row in firsts_and_lasts.items()
+                           if row["first_round_message"] is not None}
+    latest_round = {pk: {"model": row["last_round_model"], "user_id": row["last_round_user"],
+                         "status": row["last_round_status"]}
+                    for pk, row in firsts_and_lasts.items() if row["last_round_status"] is not None}
+    latest_tool_model = {pk: row["last_tool_model"] for pk, row in firsts_and_lasts.items()
+                         if row["last_tool_model"] is not None}
 
     now = timezone.now()
     for conversation in conversations:
@@ -163,6 +166,11 @@ def _conversation_totals_refresh(ids: list[int]) -> int:
         update_rows(Round, round_updates, ["derived_context_tokens", "tool_call_count", "error_count"])
         pricing.save()  # [costs] round costs and the hourly usage rollups
     return len(conversations)
+
+
+def _first(rows: Any, field: str, *order: str) -> Subquery:
+    """``field`` of a conversation's first row of ``rows`` in ``order``, as a subquery."""
+    return Subquery(rows.filter(conversation_id=OuterRef("pk")).order_by(*order).values(field)[:1])
 
 
 def update_rows(model: type[Model], objs: list[Model], field_names: list[str]) -> None:
@@ -245,10 +253,17 @@ def _empty_rollup() -> dict[str, Any]:
 def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
     """Recompute whole hours of tool statistics from the rows: tool executions, plus
     tool spans (gen_ai.tool.name) that no tool execution describes. Rollups of a
-    tool that has no rows left in the hour are deleted. Returns rollups written."""
+    tool that has no rows left in the hour are deleted. Returns rollups written.
+
+    An hour's rollups say when the pass that wrote them began reading
+    (``updated_at``), and a pass writes only when no pass that began later has
+    written: two drainers recomputing one hour can finish in any order, and the
+    one that read first would otherwise overwrite the newer figures with stale
+    ones that no later note corrects (the soak ended 1,462 calls behind so)."""
     written = 0
     for hour in sorted(set(hours)):
         start, end = hour, hour + timedelta(hours=1)
+        began = timezone.now()
         stats: dict[str, dict[str, Any]] = defaultdict(_empty_rollup)
         executions = ToolExecution.objects.filter(project_id=project_id, occurred_at__gte=start, occurred_at__lt=end)
         level_aggregates = {}
@@ -291,13 +306,14 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
                 yield_to_pages()
 
         with transaction.atomic():
+            if _rollups_newer(project_id, start, began):
+                continue
             ToolHourlyRollup.objects.filter(project_id=project_id, hour=start).exclude(
                 tool_name__in=list(stats)
             ).delete()
-            now = timezone.now()
             rows = [
                 ToolHourlyRollup(
-                    project_id=project_id, tool_name=tool_name, hour=start, updated_at=now,
+                    project_id=project_id, tool_name=tool_name, hour=start, updated_at=began,
                     **{**entry, "error_types": dict(entry["error_types"])},
                 )
                 for tool_name, entry in stats.items()
@@ -308,6 +324,35 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
             )
         written += len(rows)
     return written
+
+
+def _rollups_newer(project_id: int, hour: datetime, began: datetime) -> bool:
+    """Inside the writing transaction: whether a pass that began after ``began``
+    wrote this hour's rollups. The check and the write are one step per hour: on
+    SQLite the IMMEDIATE transaction holds the write lock, on PostgreSQL a
+    transaction-scoped advisory lock on (project, hour) does."""
+    connection = connections[router.db_for_write(ToolHourlyRollup)]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [project_id, int(hour.timestamp()) // 3600])
+    return ToolHourlyRollup.objects.filter(project_id=project_id, hour=hour, updated_at__gt=began).exists()
+
+
+def rollup_hours_due(*, project_id: int, hours: Iterable[datetime], interval: timedelta) -> tuple[
+        list[datetime], list[datetime], datetime | None]:
+    """(hours due, hours not due yet, when those are due): an hour is due when no
+    pass began recomputing it within ``interval``. Recomputing a busy hour after
+    every batch reads its whole hour each time (seconds, on every drainer), so the
+    outbox recomputes an hour at most once an interval and notes the rest for then."""
+    hours = sorted(set(hours))
+    if interval <= timedelta(0) or not hours:
+        return hours, [], None
+    recent = timezone.now() - interval
+    last = dict(ToolHourlyRollup.objects.filter(project_id=project_id, hour__in=hours).values("hour").order_by()
+                .annotate(last=Max("updated_at")).values_list("hour", "last"))
+    due = [hour for hour in hours if hour not in last or last[hour] <= recent]
+    later = [hour for hour in hours if hour in last and last[hour] > recent]
+    return due, later, max((last[hour] + interval for hour in later), default=None)
 
 
 # The span attributes a tool rollup reads, extracted as scalars by the database
@@ -388,12 +433,17 @@ def links_refresh(
     - an artifact to the tool execution that names it, and its conversation.
 
     Scope: with ``conversation_ids`` (after a records batch) only the rows of those
-    conversations and the spans that share their tool calls or traces; with
+    conversations received since ``since`` (the outbox passes the time of its
+    oldest note, so a pass reads what its batches brought, not the conversations'
+    history) and the spans that share their tool calls or traces; with
     ``artifact_ids`` (after an upload) only those artifacts. Every query is then
     bounded by those ids and served by an index, so the work after a batch is
     proportional to the batch, not to the database. With neither (the hourly
-    beat): the rows that occurred or started since ``since``, through the time
-    indexes, and at most BEAT_SPAN_LIMIT unlinked spans, the newest.
+    beat): the unlinked rows that occurred or started since ``since``, through the
+    time indexes, and at most BEAT_SPAN_LIMIT unlinked spans, the newest.
+
+    Tool executions are read LINK_CHUNK at a time (their ids first), so memory is
+    bounded by the chunk whatever the scope holds.
 
     Only links are added, never changed, so running it again changes nothing.
     Returns counts and the ids of conversations that gained spans (their totals
@@ -401,147 +451,171 @@ def links_refresh(
     """
     since = since or timezone.now() - LINK_WINDOW
     counts: dict[str, Any] = {"tool_executions": 0, "spans": 0, "artifacts": 0, "conversations_created": 0}
-    counts["conversation_ids"] = []
+    gained: set[int] = set()
     scoped = conversation_ids is not None or artifact_ids is not None
     conversation_list = sorted(set(conversation_ids or ()))
-
-    executions_in_scope = ToolExecution.objects.filter(project_id=project_id)
-    if scoped:
-        executions_in_scope = executions_in_scope.filter(conversation_id__in=conversation_list, received_at__gte=since)
-    else:
-        executions_in_scope = executions_in_scope.filter(occurred_at__gte=since)  # toolexec_project_time
-
-    # One read of the executions in scope serves every step below.
-    in_scope = list(executions_in_scope.values_list(
-        "id", "tool_call_id", "trace_id", "span_id", "linked_span_id", "artifact_id"
-    ))
     project_has_spans = Span.objects.filter(project_id=project_id).exists()
-
-    # Tool executions -> spans.
-    executions = [row for row in in_scope if row[4] is None]
-    if executions and project_has_spans:
-        by_call: dict[str, tuple[int, str, str]] = {}
-        by_ids: dict[tuple[str, str], int] = {}
-        for query in _spans_by_calls_or_traces(
-            Span.objects.filter(project_id=project_id),
-            {row[1] for row in executions}, {row[2] for row in executions if row[2]},
-        ):
-            for span in query.values_list("id", "trace_id", "span_id", "tool_call_id"):
-                by_ids[(span[1], span[2])] = span[0]
-                if span[3]:
-                    by_call[span[3]] = (span[0], span[1], span[2])
-        changed = []
-        for pk, tool_call_id, trace_id, span_id, _, _ in executions:
-            span_pk = by_ids.get((trace_id, span_id))
-            if span_pk is None and tool_call_id in by_call:
-                span_pk, found_trace, found_span = by_call[tool_call_id]
-                trace_id, span_id = trace_id or found_trace, span_id or found_span
-            if span_pk is not None:
-                changed.append(ToolExecution(pk=pk, linked_span_id=span_pk, trace_id=trace_id, span_id=span_id))
-        update_rows(ToolExecution, changed, ["linked_span", "trace_id", "span_id"])
-        counts["tool_executions"] = len(changed)
-        learned_traces = {execution.trace_id for execution in changed}
-    else:
-        learned_traces = set()
-
-    # Spans -> conversations.
     unlinked_spans = Span.objects.filter(project_id=project_id, conversation__isnull=True)
-    if not project_has_spans:
-        queries = []
-    elif scoped:
-        calls = {row[1] for row in in_scope}
-        traces = {row[2] for row in in_scope if row[2]} | learned_traces
-        traces |= set(Round.objects.filter(project_id=project_id, conversation_id__in=conversation_list)
-                      .exclude(trace_id="").values_list("trace_id", flat=True))
-        queries = _spans_by_calls_or_traces(unlinked_spans, calls, traces)
+
+    if scoped:
+        # toolexec_project_received: the rows these batches brought, not the conversations' history.
+        executions_in_scope = ToolExecution.objects.filter(
+            project_id=project_id, received_at__gte=since, conversation_id__in=conversation_list)
     else:
+        # toolexec_project_time; the beat only links executions (spans below by their own query)
+        executions_in_scope = ToolExecution.objects.filter(
+            project_id=project_id, occurred_at__gte=since, linked_span__isnull=True)
+    ids = list(executions_in_scope.values_list("id", flat=True)) if conversation_list or not scoped else []
+    for start in range(0, len(ids), LINK_CHUNK):
+        in_scope = list(ToolExecution.objects.filter(id__in=ids[start:start + LINK_CHUNK]).values_list(
+            "id", "tool_call_id", "trace_id", "span_id", "linked_span_id", "artifact_id"
+        ))
+        learned_traces = _executions_link(project_id, in_scope, counts) if project_has_spans else set()
+        if project_has_spans and scoped:
+            traces = {row[2] for row in in_scope if row[2]} | learned_traces
+            _spans_link(project_id, _spans_by_calls_or_traces(unlinked_spans, {row[1] for row in in_scope}, traces),
+                        counts, gained)
+        if scoped and artifact_ids is None:
+            named = {row[5] for row in in_scope if row[5]}
+            if named:
+                _artifacts_link(project_id, Artifact.objects.filter(
+                    project_id=project_id, tool_execution__isnull=True, artifact_id__in=named), counts)
+        yield_to_pages()
+
+    # Spans -> conversations, by what is not a tool execution.
+    if project_has_spans and conversation_list:
+        # Traces a round record of these conversations describes (received in scope too).
+        round_traces = set(
+            Round.objects.filter(project_id=project_id, conversation_id__in=conversation_list, received_at__gte=since)
+            .exclude(trace_id="").values_list("trace_id", flat=True)
+        )
+        _spans_link(project_id, _spans_by_calls_or_traces(unlinked_spans, set(), round_traces), counts, gained)
+    elif project_has_spans and not scoped:
         # span_project_time, newest first; received_at has no index to bound it by
-        queries = [unlinked_spans.filter(start_time__gte=since).order_by("-start_time")[:BEAT_SPAN_LIMIT]]
+        _spans_link(project_id, [unlinked_spans.filter(start_time__gte=since).order_by("-start_time")[:BEAT_SPAN_LIMIT]],
+                    counts, gained)
+
+    # Artifacts -> tool executions (after a records batch: those its executions name, above).
+    if artifact_ids is not None:
+        _artifacts_link(project_id, Artifact.objects.filter(
+            project_id=project_id, tool_execution__isnull=True, artifact_id__in=set(artifact_ids)), counts)
+    elif not scoped:
+        _artifacts_link(project_id, Artifact.objects.filter(
+            project_id=project_id, tool_execution__isnull=True, created_at__gte=since), counts)
+    counts["conversation_ids"] = sorted(gained)
+    return counts
+
+
+def _executions_link(project_id: int, in_scope: list[tuple], counts: dict[str, Any]) -> set[str]:
+    """Tool executions -> spans; returns the traces of the executions linked."""
+    executions = [row for row in in_scope if row[4] is None]
+    if not executions:
+        return set()
+    by_call: dict[str, tuple[int, str, str]] = {}
+    by_ids: dict[tuple[str, str], int] = {}
+    for query in _spans_by_calls_or_traces(
+        Span.objects.filter(project_id=project_id),
+        {row[1] for row in executions}, {row[2] for row in executions if row[2]},
+    ):
+        for span in query.values_list("id", "trace_id", "span_id", "tool_call_id"):
+            by_ids[(span[1], span[2])] = span[0]
+            if span[3]:
+                by_call[span[3]] = (span[0], span[1], span[2])
+    changed = []
+    for pk, tool_call_id, trace_id, span_id, _, _ in executions:
+        span_pk = by_ids.get((trace_id, span_id))
+        if span_pk is None and tool_call_id in by_call:
+            span_pk, found_trace, found_span = by_call[tool_call_id]
+            trace_id, span_id = trace_id or found_trace, span_id or found_span
+        if span_pk is not None:
+            changed.append(ToolExecution(pk=pk, linked_span_id=span_pk, trace_id=trace_id, span_id=span_id))
+    update_rows(ToolExecution, changed, ["linked_span", "trace_id", "span_id"])
+    counts["tool_executions"] += len(changed)
+    return {execution.trace_id for execution in changed}
+
+
+def _spans_link(project_id: int, queries: list[Any], counts: dict[str, Any], gained: set[int]) -> None:
+    """Spans -> conversations, for the unlinked spans these queries find."""
     fields = ("id", "trace_id", "conversation_key", "tool_call_id", "attributes", "start_time", "end_time")
     spans = list({span.pk: span for query in queries for span in query.only(*fields)}.values())
-    if spans:
-        for span in spans:
-            if not span.conversation_key:
-                span.conversation_key = _conversation_key(span.attributes)
-        keys = {span.conversation_key for span in spans if span.conversation_key}
-        conversation_by_key = dict(
-            Conversation.objects.filter(project_id=project_id, external_id__in=keys).values_list("external_id", "pk")
-        )
-        missing = keys - set(conversation_by_key)
-        if missing:
-            from dashboard.accounts.models import Project
+    if not spans:
+        return
+    for span in spans:
+        if not span.conversation_key:
+            span.conversation_key = _conversation_key(span.attributes)
+    keys = {span.conversation_key for span in spans if span.conversation_key}
+    conversation_by_key = dict(
+        Conversation.objects.filter(project_id=project_id, external_id__in=keys).values_list("external_id", "pk")
+    )
+    missing = keys - set(conversation_by_key)
+    if missing:
+        from dashboard.accounts.models import Project
 
-            from .services import conversations_get_or_create
+        from .services import conversations_get_or_create
 
-            first_seen: dict[str, tuple[datetime, datetime]] = {}
-            for span in spans:
-                if span.conversation_key in missing:
-                    seen = first_seen.get(span.conversation_key, (span.start_time, span.end_time))
-                    first_seen[span.conversation_key] = (min(seen[0], span.start_time), max(seen[1], span.end_time))
-            project = Project.objects.get(pk=project_id)
-            conversation_by_key.update(conversations_get_or_create(project=project, first_seen=first_seen))
-            counts["conversations_created"] = len(missing)
-        conversation_by_call = dict(
-            ToolExecution.objects.filter(
-                project_id=project_id, tool_call_id__in={s.tool_call_id for s in spans if s.tool_call_id}
-            ).values_list("tool_call_id", "conversation_id")
-        )
-        traces = {span.trace_id for span in spans}
-        conversation_by_trace = dict(
-            Span.objects.filter(project_id=project_id, trace_id__in=traces, conversation__isnull=False)
-            .values_list("trace_id", "conversation_id")
-        )
-        for trace_id, conversation_id in Round.objects.filter(
-            project_id=project_id, trace_id__in=traces
-        ).values_list("trace_id", "conversation_id"):
-            conversation_by_trace.setdefault(trace_id, conversation_id)
+        first_seen: dict[str, tuple[datetime, datetime]] = {}
         for span in spans:
-            conversation_id = (
-                conversation_by_key.get(span.conversation_key)
-                or conversation_by_call.get(span.tool_call_id)
-            )
-            if conversation_id is not None:
-                conversation_by_trace.setdefault(span.trace_id, conversation_id)
-        changed = []
-        for span in spans:
-            conversation_id = (
-                conversation_by_key.get(span.conversation_key)
-                or conversation_by_call.get(span.tool_call_id)
-                or conversation_by_trace.get(span.trace_id)
-            )
-            if conversation_id is not None:
-                span.conversation_id = conversation_id
-                changed.append(span)
-        update_rows(Span, changed, ["conversation", "conversation_key"])
-        counts["spans"] = len(changed)
-        counts["conversation_ids"] = sorted({span.conversation_id for span in changed})
+            if span.conversation_key in missing:
+                seen = first_seen.get(span.conversation_key, (span.start_time, span.end_time))
+                first_seen[span.conversation_key] = (min(seen[0], span.start_time), max(seen[1], span.end_time))
+        project = Project.objects.get(pk=project_id)
+        conversation_by_key.update(conversations_get_or_create(project=project, first_seen=first_seen))
+        counts["conversations_created"] += len(missing)
+    conversation_by_call = dict(
+        ToolExecution.objects.filter(
+            project_id=project_id, tool_call_id__in={s.tool_call_id for s in spans if s.tool_call_id}
+        ).values_list("tool_call_id", "conversation_id")
+    )
+    traces = {span.trace_id for span in spans}
+    conversation_by_trace = dict(
+        Span.objects.filter(project_id=project_id, trace_id__in=traces, conversation__isnull=False)
+        .values_list("trace_id", "conversation_id")
+    )
+    for trace_id, conversation_id in Round.objects.filter(
+        project_id=project_id, trace_id__in=traces
+    ).values_list("trace_id", "conversation_id"):
+        conversation_by_trace.setdefault(trace_id, conversation_id)
+    for span in spans:
+        conversation_id = (
+            conversation_by_key.get(span.conversation_key)
+            or conversation_by_call.get(span.tool_call_id)
+        )
+        if conversation_id is not None:
+            conversation_by_trace.setdefault(span.trace_id, conversation_id)
+    changed = []
+    for span in spans:
+        conversation_id = (
+            conversation_by_key.get(span.conversation_key)
+            or conversation_by_call.get(span.tool_call_id)
+            or conversation_by_trace.get(span.trace_id)
+        )
+        if conversation_id is not None:
+            span.conversation_id = conversation_id
+            changed.append(span)
+    update_rows(Span, changed, ["conversation", "conversation_key"])
+    counts["spans"] += len(changed)
+    gained.update(span.conversation_id for span in changed)
 
-    # Artifacts -> tool executions.
-    unlinked_artifacts = Artifact.objects.filter(project_id=project_id, tool_execution__isnull=True)
-    if artifact_ids is not None:
-        unlinked_artifacts = unlinked_artifacts.filter(artifact_id__in=set(artifact_ids))
-    elif scoped:
-        named = {row[5] for row in in_scope if row[5]}
-        unlinked_artifacts = unlinked_artifacts.filter(artifact_id__in=named) if named else unlinked_artifacts.none()
-    else:
-        unlinked_artifacts = unlinked_artifacts.filter(created_at__gte=since)
+
+def _artifacts_link(project_id: int, unlinked_artifacts: Any, counts: dict[str, Any]) -> None:
+    """Artifacts -> the tool execution that names them, and its conversation."""
     artifacts = list(unlinked_artifacts.only("id", "artifact_id"))
-    if artifacts:
-        named = {
-            row[0]: (row[1], row[2])
-            for row in ToolExecution.objects.filter(
-                project_id=project_id, artifact_id__in={a.artifact_id for a in artifacts}
-            ).exclude(artifact_id="")  # implies the partial index's condition
-            .order_by("occurred_at").values_list("artifact_id", "id", "conversation_id")
-        }
-        changed = []
-        for artifact in artifacts:
-            if artifact.artifact_id in named:
-                artifact.tool_execution_id, artifact.conversation_id = named[artifact.artifact_id]
-                changed.append(artifact)
-        update_rows(Artifact, changed, ["tool_execution", "conversation"])
-        counts["artifacts"] = len(changed)
-    return counts
+    if not artifacts:
+        return
+    named = {
+        row[0]: (row[1], row[2])
+        for row in ToolExecution.objects.filter(
+            project_id=project_id, artifact_id__in={a.artifact_id for a in artifacts}
+        ).exclude(artifact_id="")  # implies the partial index's condition
+        .order_by("occurred_at").values_list("artifact_id", "id", "conversation_id")
+    }
+    changed = []
+    for artifact in artifacts:
+        if artifact.artifact_id in named:
+            artifact.tool_execution_id, artifact.conversation_id = named[artifact.artifact_id]
+            changed.append(artifact)
+    update_rows(Artifact, changed, ["tool_execution", "conversation"])
+    counts["artifacts"] += len(changed)
 
 
 def _spans_by_calls_or_traces(spans: Any, calls: set[str], traces: set[str]) -> list[Any]:
@@ -576,33 +650,36 @@ def traces_link(*, project_id: int, trace_ids: Iterable[str]) -> list[int]:
     """Link the unlinked spans of these traces to the conversation another span of
     the trace (or a round record of it) belongs to: the late-span pass, run from the
     outbox after each batch that stored unlinked spans or linked a trace. Only index
-    lookups on (project, trace_id); returns the conversations that gained spans."""
+    lookups on (project, trace_id), and first only for the traces that have a span
+    waiting (usually none: a batch links its own traces at ingest), so a pass of
+    thousands of noted traces reads no more than that. Returns the conversations
+    that gained spans (the note names those its batch linked at ingest itself)."""
     traces = sorted({trace for trace in trace_ids if trace})
     touched: set[int] = set()
     for start in range(0, len(traces), 500):
         chunk = traces[start:start + 500]
+        waiting = sorted(set(
+            Span.objects.filter(project_id=project_id, trace_id__in=chunk, conversation__isnull=True)
+            .values_list("trace_id", flat=True).distinct()
+        ))
+        if not waiting:
+            continue
         by_trace: dict[str, int] = {}
         for trace_id, conversation_id in (
-            Span.objects.filter(project_id=project_id, trace_id__in=chunk, conversation__isnull=False)
+            Span.objects.filter(project_id=project_id, trace_id__in=waiting, conversation__isnull=False)
             .order_by("start_time").values_list("trace_id", "conversation_id")
         ):
             by_trace.setdefault(trace_id, conversation_id)
         for trace_id, conversation_id in Round.objects.filter(
-            project_id=project_id, trace_id__in=chunk
+            project_id=project_id, trace_id__in=waiting
         ).values_list("trace_id", "conversation_id"):
             by_trace.setdefault(trace_id, conversation_id)
-        waiting = set(
-            Span.objects.filter(project_id=project_id, trace_id__in=list(by_trace), conversation__isnull=True)
-            .values_list("trace_id", flat=True).distinct()
-        ) if by_trace else set()
-        for trace_id in sorted(waiting):  # one UPDATE per trace that has unlinked spans, usually none
-            conversation_id = by_trace[trace_id]
-            if Span.objects.filter(project_id=project_id, trace_id=trace_id, conversation__isnull=True).update(
-                conversation_id=conversation_id
-            ):
+        for trace_id in waiting:  # one UPDATE per trace that has unlinked spans and a conversation
+            conversation_id = by_trace.get(trace_id)
+            if conversation_id is not None and Span.objects.filter(
+                project_id=project_id, trace_id=trace_id, conversation__isnull=True
+            ).update(conversation_id=conversation_id):
                 touched.add(conversation_id)
-        # Conversations whose spans were linked at ingest need their rows derived too.
-        touched.update(by_trace.values())
     return sorted(touched)
 
 
@@ -620,16 +697,17 @@ def log_records_link(*, project_id: int, conversation_ids: Iterable[int] | None 
     """
     from .models import LogRecord
 
-    waiting = LogRecord.objects.filter(project_id=project_id, conversation__isnull=True).exclude(trace_id="")
+    waiting = LogRecord.objects.filter(
+        project_id=project_id, conversation__isnull=True, received_at__gte=since or timezone.now() - LINK_WINDOW
+    ).exclude(trace_id="")
     if conversation_ids is not None:
-        traces = sorted(set(Span.objects.filter(
-            project_id=project_id, conversation_id__in=sorted(set(conversation_ids))
-        ).values_list("trace_id", flat=True)))
-        if not traces:
+        # The database tests each waiting record's trace (span_unique), so the cost
+        # follows the records waiting, not the conversations' spans (millions).
+        ids = sorted(set(conversation_ids))
+        if not ids:
             return 0
-        waiting = waiting.filter(trace_id__in=traces)
-    else:
-        waiting = waiting.filter(received_at__gte=since or timezone.now() - LINK_WINDOW)
+        waiting = waiting.filter(Exists(Span.objects.filter(
+            project_id=project_id, trace_id=OuterRef("trace_id"), conversation_id__in=ids)))
     rows = list(waiting.values_list("id", "trace_id", "span_id")[:BEAT_SPAN_LIMIT])
     if not rows:
         return 0

@@ -396,6 +396,8 @@ class ToolExecution(_RecordRow):
             models.Index(fields=["project", "occurred_at"], name="toolexec_project_time"),
             # linking to spans
             models.Index(fields=["project", "tool_call_id"], name="toolexec_project_tool_call"),
+            # the link pass after a batch reads the rows received since its note
+            models.Index(fields=["project", "received_at"], name="toolexec_project_received"),
             # SET_NULL when a span is purged
             models.Index(
                 fields=["linked_span"], name="toolexec_linked_span", condition=Q(linked_span__isnull=False)

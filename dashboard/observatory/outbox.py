@@ -7,7 +7,10 @@ notes under a short lease (``SELECT … FOR UPDATE SKIP LOCKED`` on PostgreSQL; 
 SQLite the claiming transaction holds the write lock), merges them per project so a
 burst of batches costs one pass, runs the idempotent derivations, and deletes the
 notes. A drainer that dies mid-pass leaves its notes to be claimed again when the
-lease ends.
+lease ends. A pass reads what its notes' batches brought (the link pass: the rows
+received since its oldest note), not the conversations' history, and recomputes an
+hour's tool rollups at most once per OBSERVATORY_ROLLUP_INTERVAL_SECONDS, leaving a
+note due then for the hours it did not (a recompute reads the whole hour).
 
 Failures are contained: when a merged pass fails, each note is derived on its own;
 a failing note with several conversations or hours is split into one note per
@@ -27,7 +30,7 @@ import functools
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Iterable
 
 from django.conf import settings
@@ -43,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 NOTE_BATCH = 500  # notes one pass claims
 LEASE = timedelta(seconds=30)  # a pass takes well under this; past it another drainer may take over
+# How long before its note a batch's rows may have been received (the ingest
+# transaction between them waits at most the database's busy timeout); generous.
+ROWS_BEFORE_NOTE = timedelta(seconds=60)
 MAX_ATTEMPTS = 5
 ERROR_LENGTH = 2000
 
@@ -158,7 +164,7 @@ def notes_retry(*, ids: Iterable[int]) -> int:
     )
 
 
-def _merged(notes: list[DerivationNote]) -> tuple[list[int], list[str], list[str], list[str]]:
+def _merged(notes: list[DerivationNote]) -> tuple[list[int], list[str], list[str], list[str], datetime]:
     conversations: set[int] = set()
     hours: set[str] = set()
     artifacts: set[str] = set()
@@ -168,11 +174,15 @@ def _merged(notes: list[DerivationNote]) -> tuple[list[int], list[str], list[str
         hours.update(note.hours)
         artifacts.update(note.artifact_ids)
         traces.update(note.trace_ids)
-    return sorted(conversations), sorted(hours), sorted(artifacts), sorted(traces)
+    # The rows of a note's batch were received before the note was written, in its
+    # transaction: the link pass reads the rows received since then (less ROWS_BEFORE_NOTE).
+    since = min(note.created_at for note in notes) - ROWS_BEFORE_NOTE
+    return sorted(conversations), sorted(hours), sorted(artifacts), sorted(traces), since
 
 
 def _derive(
-    project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str], trace_ids: list[str] = ()
+    project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str], trace_ids: list[str] = (),
+    since: datetime | None = None,
 ) -> None:
     from . import derivations, span_rows, tasks
 
@@ -185,7 +195,8 @@ def _derive(
     if conversation_ids:
         # The link pass derives the rows and totals of the conversations it linked
         # spans to; the others get theirs here, so no conversation is derived twice.
-        linked = set(tasks.links_refresh(project_id, conversation_ids)["conversation_ids"])
+        linked = set(tasks.links_refresh(
+            project_id, conversation_ids, since=since.isoformat() if since else None)["conversation_ids"])
         rest = [conversation for conversation in conversation_ids if conversation not in linked]
         if rest:
             # Rounds, messages and tool executions from model-call and tool spans.
@@ -193,9 +204,25 @@ def _derive(
             hours = sorted(set(hours) | {hour.isoformat() for hour in derived_hours})
             tasks.conversation_totals_refresh(rest)
     if hours:
-        tasks.tool_rollups_refresh(project_id, hours)
+        _rollups_refresh(project_id, hours)
     if artifact_ids:
         tasks.links_refresh(project_id, None, artifact_ids)
+
+
+def _rollups_refresh(project_id: int, hours: list[str]) -> None:
+    """Recompute the hours due now; note the others for when they are due (an hour
+    at most once per OBSERVATORY_ROLLUP_INTERVAL_SECONDS: see rollup_hours_due)."""
+    from . import derivations, services, tasks
+
+    due, later, when = derivations.rollup_hours_due(
+        project_id=project_id, hours=[services.hour_of(datetime.fromisoformat(hour)) for hour in hours],
+        interval=timedelta(seconds=settings.OBSERVATORY_ROLLUP_INTERVAL_SECONDS),
+    )
+    if due:
+        tasks.tool_rollups_refresh(project_id, [hour.isoformat() for hour in due])
+    if later:
+        DerivationNote.objects.create(project_id=project_id, hours=[hour.isoformat() for hour in later],
+                                      available_at=when)
 
 
 def _derive_alone(note: DerivationNote, outcome: DrainOutcome) -> None:
@@ -224,7 +251,8 @@ def _failed(note: DerivationNote, exc: Exception, outcome: DrainOutcome) -> None
     if len(items) > 1:
         with transaction.atomic():
             DerivationNote.objects.bulk_create(
-                DerivationNote(project_id=note.project_id, attempts=note.attempts, last_error=error, **item)
+                DerivationNote(project_id=note.project_id, attempts=note.attempts, last_error=error,
+                               created_at=note.created_at, **item)  # its rows' time: see _merged
                 for item in items
             )
             note.delete()

@@ -31,11 +31,15 @@ def tool_rollups_refresh(project_id: int, hours: list[str]) -> int:
 
 @shared_task(name="observatory.links_refresh")
 def links_refresh(
-    project_id: int, conversation_ids: list[int] | None = None, artifact_ids: list[str] | None = None
+    project_id: int, conversation_ids: list[int] | None = None, artifact_ids: list[str] | None = None,
+    since: str | None = None,
 ) -> dict[str, Any]:
-    """Without ids: everything unlinked of the last two days (the beat's pass)."""
+    """Without ids: everything unlinked of the last two days (the beat's pass).
+    ``since`` (ISO time, JSON-safe for the broker): with ``conversation_ids``, only
+    their rows received since then (the outbox gives its oldest note's time)."""
     counts = derivations.links_refresh(
-        project_id=project_id, conversation_ids=conversation_ids, artifact_ids=artifact_ids
+        project_id=project_id, conversation_ids=conversation_ids, artifact_ids=artifact_ids,
+        since=datetime.fromisoformat(since) if since else None,
     )
     if counts["conversation_ids"]:
         # Spans that just joined a conversation may be model or tool calls: their rows first.

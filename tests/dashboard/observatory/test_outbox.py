@@ -142,3 +142,61 @@ def test_it_never_parks_a_note_for_a_busy_database(client, auth, records, crash_
     outbox.outbox_drain_all()
     assert not busy["left"] and not DerivationNote.objects.exists()
     assert sorted(Conversation.objects.values_list("external_id", "messages")) == [("a", 1), ("b", 1)]
+
+
+def test_it_links_the_rows_received_since_its_oldest_note_not_the_conversations_history(
+        client, auth, records, crash_after_commit, monkeypatch):
+    """A pass reads what its batches brought: an old row of the same conversation is
+    not read again (a conversation of the soak grew by thousands a minute)."""
+    from dashboard.observatory import derivations
+    from dashboard.observatory.models import Span, ToolExecution
+
+    post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_old"})])
+    now = timezone.now()  # a span of the project (the link step runs only when there are spans)
+    Span.objects.create(project_id=Conversation.objects.get().project_id, trace_id="f" * 32, span_id="f" * 16,
+                        start_time=now, end_time=now)
+    outbox.outbox_drain_all()
+    ToolExecution.objects.update(received_at=timezone.now() - outbox.ROWS_BEFORE_NOTE - timedelta(minutes=5))
+    post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_new"})])
+    read: list[int] = []
+    real = derivations._executions_link
+
+    def recording(project_id, in_scope, counts):
+        read.extend(row[0] for row in in_scope)
+        return real(project_id, in_scope, counts)
+
+    monkeypatch.setattr(derivations, "_executions_link", recording)
+    outbox.outbox_drain_all()
+    assert read == [ToolExecution.objects.get(tool_call_id="call_new").pk]
+    assert Conversation.objects.get().tool_calls == 2  # the totals still count every row
+
+
+def test_it_keeps_the_time_of_a_split_note_so_its_rows_stay_in_scope(
+        client, auth, records, crash_after_commit, monkeypatch, settings):
+    settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 0
+    post(client, auth, [records.message(conversation="a"), records.message(conversation="b")])
+    written = DerivationNote.objects.get().created_at
+    monkeypatch.setattr(tasks, "conversation_totals_refresh", lambda ids: 1 / 0)
+    outbox.outbox_drain()  # the merged pass fails: the note is split, one per conversation
+    assert sorted(DerivationNote.objects.values_list("created_at", flat=True)) == [written, written]
+
+
+def test_it_recomputes_a_busy_hour_at_most_once_an_interval(client, auth, records, crash_after_commit, settings):
+    """Each recompute reads the whole hour: between two, the notes of that hour wait
+    in one note due when the interval ends, and then the rollup counts every row."""
+    settings.OBSERVATORY_ROLLUP_INTERVAL_SECONDS = 60
+    post(client, auth, [records.tool_result(conversation="a")])
+    outbox.outbox_drain_all()
+    assert ToolHourlyRollup.objects.get().calls == 1
+    post(client, auth, [records.tool_result(conversation="a")])
+    outbox.outbox_drain_all()
+    assert ToolHourlyRollup.objects.get().calls == 1  # not yet
+    assert Conversation.objects.get().tool_calls == 2  # the conversation's totals do not wait
+    waiting = DerivationNote.objects.get()
+    began = ToolHourlyRollup.objects.get().updated_at
+    assert waiting.hours and waiting.available_at == began + timedelta(seconds=60)
+    ToolHourlyRollup.objects.update(updated_at=began - timedelta(seconds=60))  # the interval passes
+    DerivationNote.objects.update(available_at=timezone.now())
+    outbox.outbox_drain_all()
+    assert ToolHourlyRollup.objects.get().calls == 2
+    assert not DerivationNote.objects.exists()

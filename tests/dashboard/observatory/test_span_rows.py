@@ -260,6 +260,22 @@ def test_it_links_a_trace_with_a_few_queries_whatever_its_size(client, project_k
         traces_link(project_id=project.pk, trace_ids=[TRACE])
 
 
+def test_it_reads_only_whether_a_span_waits_in_traces_linked_at_ingest(client, project_key,
+                                                                        django_assert_max_num_queries):
+    """A batch links its own traces at ingest, and its note names them and their
+    conversation: the late-span pass then costs one query per 500 traces and gives no
+    conversation to derive again (it gave every conversation of its traces, so a
+    pass of 10,000 noted traces re-derived every conversation: two minutes in the soak)."""
+    from dashboard.observatory.derivations import traces_link
+
+    project, auth = project_key
+    send(client, auth, span("1" * 16, "agent", gen_ai__conversation__id="conv-l"),
+         *[span(f"{i + 2:016x}", "step", parent="1" * 16, at_ms=i) for i in range(20)])
+    assert not Span.objects.filter(project=project, conversation__isnull=True).exists()
+    with django_assert_max_num_queries(1):
+        assert traces_link(project_id=project.pk, trace_ids=[TRACE]) == []
+
+
 def test_it_takes_an_error_type_without_an_error_status_as_a_failure(client, project_key):
     project, auth = project_key
     spans = agent_spans("conv-t")

@@ -65,6 +65,26 @@ def test_it_recomputes_conversation_totals_from_rows(project, records):
     assert (conversation.title, conversation.model, conversation.user_id) == ("What were sales in March?", "gpt-4o", "u1")
 
 
+def test_it_picks_each_conversations_own_first_and_latest_rows(project, records):
+    """Title, model, user and status come from one row of each kind per conversation
+    (found by the database: a conversation's rows are never all read), whatever the
+    number of conversations or rows."""
+    at = records.now
+    batch = [records.message(conversation="a", index=3, content="later question"),
+             records.message(conversation="a", index=1, content="first question"),
+             records.message(conversation="a", index=0, role="system", content="be brief"),
+             records.round(conversation="b", index=0, user_message="from the round", model="m-old", status="error"),
+             records.round(conversation="b", index=1, model="m-new", user_id="u-b"),
+             records.tool_result(conversation="c", model="tool-old", at=at - timedelta(minutes=2)),
+             records.tool_result(conversation="c", model="tool-new", at=at - timedelta(minutes=1)),
+             *[records.tool_result(conversation="c", at=at) for _ in range(20)]]  # no model: not the latest
+    ids = sorted(store(project, batch).conversation_ids)
+    tasks.conversation_totals_refresh(ids)
+    got = {c.external_id: (c.title, c.model, c.user_id, c.status) for c in Conversation.objects.all()}
+    assert got == {"a": ("first question", "", "", "ok"), "b": ("from the round", "m-new", "u-b", "ok"),
+                   "c": ("", "tool-new", "", "ok")}
+
+
 def test_it_gives_the_same_totals_when_run_twice(project, records):
     outcome = store(project, [records.round(), records.message(), records.tool_result()])
     ids = sorted(outcome.conversation_ids)
@@ -255,3 +275,36 @@ def test_it_runs_the_beat_tasks_over_all_projects(project, records):
     assert tasks.rollup_recent_hours(hours_back=3) == 1
     assert tasks.rollup_recent_hours(hours_back=3) == 1
     assert tasks.purge_expired() == {"span_partitions": 0, "spans": 0, "records": 0, "conversations": 0, "artifacts": 0, "login_throttles": 0}
+
+
+def test_it_never_overwrites_rollups_with_those_of_a_pass_that_began_earlier(project, records, monkeypatch):
+    """Two drainers recompute one hour; the one that began reading first finishes
+    last. Its figures are older than what is stored, so it writes nothing."""
+    from dashboard.observatory import derivations
+
+    outcome = store(project, [records.tool_result(tool="a")])
+    hours = sorted(h.isoformat() for h in outcome.tool_hours)
+    began = datetime.now(timezone.utc) - timedelta(seconds=5)  # the slow pass began reading here
+    store(project, [records.tool_result(tool="a")])
+    tasks.tool_rollups_refresh(project.pk, hours)  # the fast pass, begun later, saw both rows
+    assert ToolHourlyRollup.objects.get().calls == 2
+    real_now = derivations.timezone.now
+    monkeypatch.setattr(derivations.timezone, "now", lambda: began)
+    ToolExecution.objects.filter(pk=ToolExecution.objects.order_by("-pk")[0].pk).delete()  # what the slow pass read
+    tasks.tool_rollups_refresh(project.pk, hours)
+    monkeypatch.setattr(derivations.timezone, "now", real_now)
+    assert ToolHourlyRollup.objects.get().calls == 2  # the stale figures were not written
+
+
+def test_it_links_a_scope_larger_than_a_chunk_like_one_chunk(project, records, monkeypatch):
+    from dashboard.observatory import derivations
+
+    outcome = store(project, [records.tool_result(conversation="c", result={"tool_call_id": f"call_{i}"})
+                              for i in range(5)])
+    for index in range(5):
+        span(project, span_id=f"{index + 1:016x}", tool_name="t", tool_call_id=f"call_{index}")
+    monkeypatch.setattr(derivations, "LINK_CHUNK", 2)
+    counts = tasks.links_refresh(project.pk, sorted(outcome.conversation_ids))
+    assert counts["tool_executions"] == 5 and counts["spans"] == 5
+    assert not ToolExecution.objects.filter(linked_span=None).exists()
+    assert set(Span.objects.values_list("conversation__external_id", flat=True)) == {"c"}
