@@ -8,7 +8,8 @@ growing?
 A fresh database (SQLite in a temp data dir, or a private PostgreSQL cluster),
 gunicorn with deploy/gunicorn.conf.py and the embedded derivations, and
 --agents agents together offering --rate spans per second in mixed batch sizes
-(1,000, 512, 100 and 10 spans, a quarter GenAI tool spans naming a conversation)
+(1,000, 512, 100 and 10 spans, a quarter GenAI tool spans naming a conversation,
+all of them with --tool-every 1)
 plus a batch of tool records after every four span batches, each batch retried
 like an exporter until acknowledged. A logged-in reader opens the overview,
 conversation list and tools page throughout.
@@ -129,7 +130,7 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
     per_agent = args.rate / args.agents
     agents = [
         Agent(server.port, key, acknowledged, span_batch_sizes=BATCH_SIZES[index % 4:] + BATCH_SIZES[:index % 4],
-              records_per_batch=50, records_every=4, seed=index)
+              records_per_batch=50, records_every=4, seed=index, tool_every=args.tool_every)
         for index in range(args.agents)
     ]
     reader = PageReader(server.port, session, project.slug)
@@ -141,7 +142,7 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
     watcher.start()
     for thread in threads:
         thread.start()
-    print(f"{args.agents} agents offering {args.rate:,.0f} spans/s in batches of {BATCH_SIZES} + 50 records "
+    print(f"{args.agents} agents offering {args.rate:,.0f} spans/s (one in {args.tool_every} a tool span) in batches of {BATCH_SIZES} + 50 records "
           f"every 4 batches, for {args.seconds / 60:.0f} min on {args.db}; a line every {args.window:.0f} s", flush=True)
     print(f"{'min':>5} {'spans/s':>8} {'records/s':>9} {'acked spans':>12} {'RSS MB':>7} {'PSS MB':>7} {'page p95':>9} "
           f"{'lag p95':>8} {'lag max':>8}", flush=True)
@@ -201,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--window", type=float, default=60.0, help="seconds per report line")
     parser.add_argument("--converge-timeout", type=float, default=120.0)
+    parser.add_argument("--tool-every", type=int, default=4,
+                        help="one span in this many is a GenAI tool span (1: OpenTelemetry-only tool calls)")
     args = parser.parse_args(argv)
     args.seconds = (10.0 if args.short else args.minutes) * 60
     if args.seconds <= 0 or args.rate <= 0 or args.agents <= 0:

@@ -139,8 +139,10 @@ class Agent:
     until acknowledged or the stop event is set."""
 
     def __init__(self, port: int, key: str, acknowledged: Acknowledged, *, span_batch_sizes: tuple[int, ...],
-                 records_per_batch: int, seed: int, records_every: int = 1, conversations: int = 20) -> None:
+                 records_per_batch: int, seed: int, records_every: int = 1, conversations: int = 20,
+                 tool_every: int = 4) -> None:
         self.port, self.key, self.acknowledged = port, key, acknowledged
+        self.tool_every = tool_every  # one span in this many is a GenAI tool span
         self.span_batch_sizes, self.records_per_batch, self.records_every = span_batch_sizes, records_per_batch, records_every
         self.random = random.Random(seed)
         self.conversation_prefix = f"agent{seed}-conv"
@@ -180,11 +182,11 @@ class Agent:
             if index % 16 == 0:
                 trace_id = os.urandom(16)
             span.trace_id, span.span_id = trace_id, os.urandom(8)
-            span.name = "execute_tool" if index % 4 == 0 else "step"
+            span.name = "step"
             span.kind = 1
             span.start_time_unix_nano = now - 5_000_000 + index
             span.end_time_unix_nano = now
-            if index % 4 == 0:
+            if index % self.tool_every == 0:
                 tool = TOOLS[index % len(TOOLS)]
                 span.name = f"execute_tool {tool}"
                 for key, value in (("gen_ai.conversation.id", conversation), ("gen_ai.tool.name", tool),
