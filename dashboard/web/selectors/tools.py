@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from datetime import timezone as dt_timezone
 from typing import Any, Optional
 
-from django.db.models import Count, Q, Sum
-from django.db.models.functions import TruncDate
+from django.db.models import Case, F, OuterRef, Subquery, When
 
 from dashboard.accounts.models import Project
 from dashboard.observatory import histogram
-from dashboard.observatory.models import ToolExecution
-from dashboard.observatory.selectors import LEVELS, ToolStats, level_token_sums
+from dashboard.observatory.models import Conversation, ToolExecution
+from dashboard.observatory.selectors import LEVELS, ToolStats
 from dashboard.tuning.pricing import PriceTable
 
 # Up to this many calls in range, the tool detail page reads the durations and
@@ -97,26 +96,33 @@ def level_costs(project: Project, tool_name: str, *, since: datetime) -> dict[st
     seen), so it is bounded to the newest LEVEL_COST_CALLS calls of the range;
     ``sampled`` says when the range held more and the page says so.
     """
+    # One read of the newest calls on the (project, tool, time) index, summed in
+    # Python by priced model and day (what prices depend on). The conversation's
+    # model is looked up only for a call that names none (CASE: a subquery per such
+    # row, not a join of every call); grouping the rows in SQL instead would read
+    # each sampled call twice (the LIMIT's subquery, then by id) and join them all.
+    conversation_model = Conversation.objects.filter(pk=OuterRef("conversation_id")).values("model")[:1]
     newest = (
         ToolExecution.objects.filter(project=project, tool_name=tool_name, occurred_at__gte=since)
         .order_by("-occurred_at")
-        .values("id")[:LEVEL_COST_CALLS]
-    )
-    # One grouped read of the sampled calls, by model and day (what prices
-    # depend on): the token figures are the groups' sums, the USD ones their prices.
-    groups = list(
-        ToolExecution.objects.filter(id__in=newest)
-        .values("model", "conversation__model", day=TruncDate("occurred_at", tzinfo=dt_timezone.utc))
-        .order_by()
-        .annotate(
-            **level_token_sums(),
-            **{f"{level}_calls": Count(f"{level}_tokens") for level in LEVELS},  # calls that sent that rendering
-            **{f"{level}_seen": Sum("observation_tokens", filter=Q(**{f"{level}_tokens__isnull": False}))
-               for level in LEVELS},  # what the model was given on those same calls
-            seen=Sum("observation_tokens"),
-            calls=Count("id"),
-        )
-    )
+        .annotate(priced_model=Case(When(model="", then=Subquery(conversation_model)), default=F("model")))
+        .values_list("priced_model", "occurred_at", "observation_tokens", *(f"{level}_tokens" for level in LEVELS))
+    )[:LEVEL_COST_CALLS]
+    by_group: dict[tuple[str, date], dict[str, Any]] = {}
+    for model, occurred_at, seen, *rendered in newest:
+        key = (model or "", occurred_at.astimezone(dt_timezone.utc).date())
+        group = by_group.get(key)
+        if group is None:
+            group = by_group[key] = {"model": key[0], "day": key[1], "seen": 0, "calls": 0,
+                                     **{f"{level}{part}": 0 for level in LEVELS for part in ("", "_calls", "_seen")}}
+        group["calls"] += 1
+        group["seen"] += seen or 0
+        for level, tokens in zip(LEVELS, rendered):
+            if tokens is not None:  # the calls that sent that rendering, and what the model was given on them
+                group[level] += tokens
+                group[f"{level}_calls"] += 1
+                group[f"{level}_seen"] += seen or 0
+    groups = list(by_group.values())
     names = [*LEVELS, *(f"{level}_calls" for level in LEVELS), "seen", "calls"]
     costs: dict[str, Any] = {name: sum(int(g[name] or 0) for g in groups) for name in names}
     for level in LEVELS:
@@ -139,7 +145,7 @@ def level_costs_usd(groups: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {f"{level}_{kind}": 0 for level in LEVELS for kind in ("usd", "seen_usd")}
     out["unpriced_calls"] = priced = 0
     for group in groups:
-        price = table.price_for(group["model"] or group["conversation__model"] or "", group["day"])
+        price = table.price_for(group["model"], group["day"])
         if price is None:
             out["unpriced_calls"] += group["calls"]
             continue
