@@ -14,15 +14,13 @@ from datetime import timezone as dt_timezone
 from typing import Any, Callable, Optional
 
 from django.db import connection
-from django.db.models import IntegerField, Sum
-from django.db.models.fields.json import KT
-from django.db.models.functions import Cast
+from django.db.models import Sum
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
 from dashboard.observatory import histogram
 from dashboard.observatory.models import ToolHourlyRollup, UsageHourlyRollup
-from dashboard.observatory.selectors import LEVELS
+from dashboard.observatory.selectors import LEVELS, histogram_bucket_sums
 from dashboard.observatory.services import hour_of
 
 HOURLY_UP_TO = timedelta(days=7)
@@ -31,7 +29,7 @@ HOURLY_UP_TO = timedelta(days=7)
 HOUR_SUMS = {
     "s_calls": Sum("calls"), "s_errors": Sum("errors"), "s_cost": Sum("cost_pico_usd"),
     "s_priced": Sum("priced_calls"), **{f"s_{level}": Sum(f"{level}_tokens") for level in LEVELS},
-    **{f"h{b}": Sum(Cast(KT(f"latency_histogram__{b}"), IntegerField())) for b in range(histogram.BUCKET_COUNT)},
+    **histogram_bucket_sums(),
 }
 URL_TIME = "%Y-%m-%dT%H:%M"  # what the list's since/until take (UTC)
 
