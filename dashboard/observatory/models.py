@@ -260,6 +260,12 @@ class Span(models.Model):
                 fields=["project", "start_time"], name="span_tool_time",
                 condition=~Q(tool_name=""),
             ),
+            # the trace list's "has errors" test, per root: the trace's failed spans
+            # (rare rows) without reading each of its spans from the table
+            models.Index(
+                fields=["project", "trace_id", "start_time"], name="span_trace_errors",
+                condition=Q(status_code=2),
+            ),
             # a tool's failed span-only calls (selectors.recent_span_failures): rare rows,
             # found newest first without walking the tool spans that succeeded
             models.Index(

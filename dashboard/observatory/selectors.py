@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Optional
 
-from django.db.models import Exists, OuterRef, Q, QuerySet, Sum
+from django.db import connection
+from django.db.models import Exists, IntegerField, OuterRef, Q, QuerySet, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
 from django.http import Http404
 
 from dashboard.accounts.models import Project
@@ -343,8 +346,10 @@ def tool_stats(
 ) -> list[ToolStats]:
     """One ToolStats per tool with rollups in [since, until), busiest first.
 
-    One query: the rollup rows of the range (tools x hours, a few thousand at most
-    for 90 days), merged in Python because histograms and error types are JSON.
+    Two queries: the rollups of the range summed per tool by the database (counts,
+    sums and each latency histogram bucket: one row a tool, read through the
+    cursor, no histogram decoded in Python), and the error types of the rollup
+    rows that have errors, merged in Python (their keys are the agents' own).
     """
     qs = ToolHourlyRollup.objects.filter(project=project)
     if since is not None:
@@ -353,21 +358,29 @@ def tool_stats(
         qs = qs.filter(hour__lt=until)
     if tool_name:
         qs = qs.filter(tool_name=tool_name)
+    sums = {f"s_{name}": Sum(name) for name in ROLLUP_SUM_FIELDS} | histogram_bucket_sums()
+    sql, params = qs.values("tool_name").order_by().annotate(**sums).values_list("tool_name", *sums).query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
     stats: dict[str, ToolStats] = {}
-    rows = qs.values("tool_name", "latency_histogram", "error_types", *ROLLUP_SUM_FIELDS)
-    for row in rows.iterator(chunk_size=2000):
-        entry = stats.get(row["tool_name"])
-        if entry is None:
-            entry = stats[row["tool_name"]] = ToolStats(tool_name=row["tool_name"])
-        for name in ROLLUP_SUM_FIELDS:
-            setattr(entry, name, getattr(entry, name) + (row[name] or 0))
-        # Added in place, bucket by bucket (histogram.merge's rule, without a list per row).
-        for i, count in enumerate(list(row["latency_histogram"] or [])[: histogram.BUCKET_COUNT]):
-            entry.latency_histogram[i] += int(count)
-        if isinstance(row["error_types"], dict):
-            for error_type, count in row["error_types"].items():
-                entry.error_types[str(error_type)] += int(count)
+    for name, *values in rows:
+        entry = stats[name] = ToolStats(tool_name=name)
+        for field_name, value in zip(ROLLUP_SUM_FIELDS, values):
+            value = value or 0
+            setattr(entry, field_name, float(value) if field_name == "duration_sum_ms" else int(value))
+        entry.latency_histogram = [int(count or 0) for count in values[len(ROLLUP_SUM_FIELDS):]]
+    for name, error_types in qs.filter(errors__gt=0).values_list("tool_name", "error_types").iterator(chunk_size=2000):
+        if name in stats and isinstance(error_types, dict):
+            for error_type, count in error_types.items():
+                stats[name].error_types[str(error_type)] += int(count)
     return sorted(stats.values(), key=lambda s: (-s.calls, s.tool_name))
+
+
+def histogram_bucket_sums(field: str = "latency_histogram") -> dict[str, Sum]:
+    """Aggregates summing a JSON histogram list bucket by bucket (``h0`` …), so the
+    database merges the histograms of many rollup rows (histogram.merge's rule)."""
+    return {f"h{b}": Sum(Cast(KT(f"{field}__{b}"), IntegerField())) for b in range(histogram.BUCKET_COUNT)}
 
 
 def level_token_sums() -> dict[str, Sum]:

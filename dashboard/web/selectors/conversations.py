@@ -138,10 +138,14 @@ def _search_page(
 
 
 def _beyond(field: str, cursor: Cursor, *, forward: bool) -> Q:
-    """Rows strictly after the cursor in (field, id) order: ascending when forward."""
+    """Rows strictly after the cursor in (field, id) order: ascending when forward.
+
+    The leading bound (field >= / <= the cursor's value) says the same as the OR
+    but is what an index on (project, field) can start its scan from: without it
+    PostgreSQL reads the list from its first row and filters up to the cursor."""
     op = "gt" if forward else "lt"
-    return Q(**{f"{field}__{op}": cursor.value}) | Q(
-        **{field: cursor.value, f"id__{op}": cursor.id}
+    return Q(**{f"{field}__{op}e": cursor.value}) & (
+        Q(**{f"{field}__{op}": cursor.value}) | Q(**{field: cursor.value, f"id__{op}": cursor.id})
     )
 
 

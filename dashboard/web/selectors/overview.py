@@ -1,8 +1,9 @@
 """The project overview: totals and cost over a range (the series are in
 ``series``), recent failures.
 
-Tool figures come from the hourly rollups (a few thousand rows at most); the
-conversation figures are one aggregate over the (project, started_at) index.
+Every figure comes from the hourly rollups (tool rollups for the calls, usage
+rollups for the conversations started): a few thousand rows at most, whatever
+the traffic.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Optional
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Sum
 
 from dashboard.accounts.models import Project
-from dashboard.observatory.models import Conversation, ToolHourlyRollup, UsageHourlyRollup
+from dashboard.observatory.models import ToolHourlyRollup, UsageHourlyRollup
 from dashboard.observatory.selectors import LEVELS, level_token_sums
 
 
@@ -35,9 +36,12 @@ class Totals:
 
 
 def overview_totals(project: Project, *, since: datetime) -> Totals:
-    conv = Conversation.objects.filter(project=project, started_at__gte=since).aggregate(
-        n=Count("id"),
-        with_errors=Count("id", filter=Q(has_errors=True)),
+    # The conversations started in the range, from the usage rollups (a few rows an
+    # hour, the same ones the series and the cost by model read): an aggregate over
+    # the conversation rows read every conversation of the range (100k: ~100 ms).
+    conv = UsageHourlyRollup.objects.filter(project=project, hour__gte=since).aggregate(
+        n=Sum("conversations"),
+        with_errors=Sum("conversations_with_errors"),
         input_tokens=Sum("input_tokens"),
         output_tokens=Sum("output_tokens"),
     )

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from datetime import timezone as dt_timezone
 from typing import Any, Optional
 
-from django.db.models import Count, Q, Sum
+from django.db import connection
+from django.db.models import Case, F, OuterRef, Subquery, When
 from django.db.models.functions import TruncDate
 
 from dashboard.accounts.models import Project
 from dashboard.observatory import histogram
-from dashboard.observatory.models import ToolExecution
-from dashboard.observatory.selectors import LEVELS, ToolStats, level_token_sums
+from dashboard.observatory.models import Conversation, ToolExecution
+from dashboard.observatory.selectors import LEVELS, ToolStats
 from dashboard.tuning.pricing import PriceTable
 
 # Up to this many calls in range, the tool detail page reads the durations and
@@ -97,26 +98,37 @@ def level_costs(project: Project, tool_name: str, *, since: datetime) -> dict[st
     seen), so it is bounded to the newest LEVEL_COST_CALLS calls of the range;
     ``sampled`` says when the range held more and the page says so.
     """
+    # One read of the newest calls on the (project, tool, time) index, grouped by
+    # priced model and day (what prices depend on) around it in the same statement:
+    # grouping a `WHERE id IN (the newest ids)` instead read each sampled call twice
+    # and joined every one to its conversation (67 ms at 1M calls), and grouping in
+    # Python costs the transfer of every sampled row. The conversation's model is
+    # looked up only for a call that names none (CASE: a subquery per such row).
+    conversation_model = Conversation.objects.filter(pk=OuterRef("conversation_id")).values("model")[:1]
     newest = (
         ToolExecution.objects.filter(project=project, tool_name=tool_name, occurred_at__gte=since)
         .order_by("-occurred_at")
-        .values("id")[:LEVEL_COST_CALLS]
+        .annotate(priced_model=Case(When(model="", then=Subquery(conversation_model)), default=F("model")),
+                  day=TruncDate("occurred_at", tzinfo=dt_timezone.utc))
+        .values_list("priced_model", "day", "observation_tokens", *(f"{level}_tokens" for level in LEVELS))
+    )[:LEVEL_COST_CALLS]
+    sql, params = newest.query.sql_with_params()
+    sums = ", ".join(
+        f"SUM({level}_tokens), COUNT({level}_tokens), SUM(CASE WHEN {level}_tokens IS NOT NULL "
+        f"THEN observation_tokens END)" for level in LEVELS
     )
-    # One grouped read of the sampled calls, by model and day (what prices
-    # depend on): the token figures are the groups' sums, the USD ones their prices.
-    groups = list(
-        ToolExecution.objects.filter(id__in=newest)
-        .values("model", "conversation__model", day=TruncDate("occurred_at", tzinfo=dt_timezone.utc))
-        .order_by()
-        .annotate(
-            **level_token_sums(),
-            **{f"{level}_calls": Count(f"{level}_tokens") for level in LEVELS},  # calls that sent that rendering
-            **{f"{level}_seen": Sum("observation_tokens", filter=Q(**{f"{level}_tokens__isnull": False}))
-               for level in LEVELS},  # what the model was given on those same calls
-            seen=Sum("observation_tokens"),
-            calls=Count("id"),
-        )
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT priced_model, day, COUNT(*), SUM(observation_tokens), {sums} "
+                       f"FROM ({sql}) newest GROUP BY priced_model, day", params)
+        rows = cursor.fetchall()
+    groups = []
+    for model, day, calls, seen, *per_level in rows:
+        group = {"model": model or "", "day": day if isinstance(day, date) else date.fromisoformat(str(day)),
+                 "calls": calls, "seen": seen or 0}
+        for i, level in enumerate(LEVELS):  # the calls that sent that rendering, what the model was given on them
+            tokens, sent, seen_on_them = per_level[3 * i: 3 * i + 3]
+            group.update({level: tokens or 0, f"{level}_calls": sent, f"{level}_seen": seen_on_them or 0})
+        groups.append(group)
     names = [*LEVELS, *(f"{level}_calls" for level in LEVELS), "seen", "calls"]
     costs: dict[str, Any] = {name: sum(int(g[name] or 0) for g in groups) for name in names}
     for level in LEVELS:
@@ -139,7 +151,7 @@ def level_costs_usd(groups: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {f"{level}_{kind}": 0 for level in LEVELS for kind in ("usd", "seen_usd")}
     out["unpriced_calls"] = priced = 0
     for group in groups:
-        price = table.price_for(group["model"] or group["conversation__model"] or "", group["day"])
+        price = table.price_for(group["model"], group["day"])
         if price is None:
             out["unpriced_calls"] += group["calls"]
             continue

@@ -48,7 +48,8 @@ def trace_roots(
 ) -> QuerySet[Span]:
     """The root spans (one per trace) of the project matching the filters, unordered.
     Filters on the root ride the partial span_project_roots index; ``has_errors``
-    and ``q`` look at every span of a candidate trace through the unique
+    looks for a failed span of each candidate trace in the partial span_trace_errors
+    index (failed spans only), and ``q`` at every span of it through the unique
     (project, trace_id, …) index, per candidate, while the list walks the roots."""
     qs = Span.objects.filter(project=project, parent_span_id="")
     if service:

@@ -216,10 +216,26 @@ def test_it_bounds_the_beat_pass_to_the_newest_unlinked_spans(project, monkeypat
 
 
 def test_it_keeps_the_span_table_to_few_indexes(project):
-    """Each index costs every span insert: pk, unique, project+time, and five
+    """Each index costs every span insert: pk, unique, project+time, and six
     partial ones that plain spans skip (the trace list's holds one span a trace,
-    the failed span-only tool calls' almost none)."""
+    the failed spans' and the failed span-only tool calls' almost none)."""
     with connection.cursor() as cursor:
         constraints = connection.introspection.get_constraints(cursor, Span._meta.db_table)
     indexed = {name for name, c in constraints.items() if c["index"] or c["unique"] or c["primary_key"]}
-    assert len(indexed) <= 8, sorted(indexed)
+    assert len(indexed) <= 9, sorted(indexed)
+
+
+def test_it_tests_each_trace_for_errors_through_the_partial_error_index(project):
+    from dashboard.web.selectors.traces import trace_page, trace_roots
+
+    span(project, 1, trace_id="a" * 32)  # a root whose child failed
+    span(project, 2, trace_id="a" * 32, parent_span_id=f"{1:016x}", status_code=2)
+    span(project, 3, trace_id="b" * 32)  # a root whose children all went well
+    Span.objects.bulk_create([  # spans of the good trace the test must not read one by one
+        Span(project=project, trace_id="b" * 32, span_id=f"{100 + i:016x}", parent_span_id=f"{3:016x}",
+             start_time=NOW, end_time=NOW, status_code=1)
+        for i in range(300)
+    ])
+    roots = trace_roots(project, has_errors=True)
+    assert index_used(roots, "span_trace_errors"), plan_of(roots)
+    assert [row.root.trace_id for row in trace_page(roots).rows] == ["a" * 32]

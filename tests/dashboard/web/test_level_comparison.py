@@ -97,3 +97,28 @@ def test_it_says_no_price_when_the_model_has_none(client_in, project):
     body = client_in.get(reverse("web:levels", args=[project.slug, execution.pk])).content.decode()
     assert re.search(r'data-field="usd">no price<', body)
     assert 'data-testid="unpriced-calls">1 call' in body
+
+
+def test_it_prices_a_call_that_names_no_model_at_its_conversations_model(client_in, project):
+    from tests.dashboard.web.pages_factories import price_rule as price
+
+    from dashboard.observatory.models import Conversation
+    from dashboard.tuning.models import PriceRule
+    from dashboard.web.costs import usd_text
+
+    PriceRule.objects.all().delete()
+    price("gpt-4o*", "2", "8")  # 2,000,000 pico-USD an input token
+    named, unnamed = tool_record("c", tool="t"), tool_record("c", tool="t", tokens={"brief": 5, "standard": 7,
+                                                                                   "full": 9})
+    unnamed["model"] = None
+    other = tool_record("d", tool="t")
+    other["model"] = None  # and its conversation's model has no price
+    store(project, [named, unnamed, other])
+    Conversation.objects.filter(project=project, external_id="c").update(model="gpt-4o")
+    Conversation.objects.filter(project=project, external_id="d").update(model="acme-large")
+    assert ToolExecution.objects.filter(project=project, model="").count() == 2
+    execution = ToolExecution.objects.filter(project=project, tool_name="t").first()
+    body = client_in.get(reverse("web:levels", args=[project.slug, execution.pk])).content.decode()
+    row = re.search(r'<tr data-level="full">(.*?)</tr>', body, re.S).group(1)
+    assert re.search(r'data-field="usd">([^<]*)<', row).group(1) == usd_text((400 + 9) * 2_000_000)
+    assert 'data-testid="unpriced-calls">1 call' in body

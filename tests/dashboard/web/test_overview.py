@@ -7,10 +7,12 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.db.models import Count, Q, Sum
 from django.urls import reverse
-from tests.dashboard.web.pages_factories import HOUR, full_conversation, store, tool_record
+from tests.dashboard.web.pages_factories import HOUR, full_conversation, round_record, store, tool_record
 
 from dashboard.observatory.models import Conversation, ToolExecution
+from dashboard.web.templatetags.observatory import tokens
 
 pytestmark = pytest.mark.django_db
 
@@ -33,8 +35,22 @@ def test_it_totals_the_range_from_the_rows(client_in, filled):
     calls, errors = recent.count(), recent.filter(success=False).count()
     assert value(body, "total-tool-calls") == f"{calls:,}"
     assert value(body, "error-rate") == f"{errors / calls * 100:.1f}%"
-    started = Conversation.objects.filter(project=filled, started_at__gte=HOUR - timedelta(days=6)).count()
-    assert value(body, "total-conversations") == f"{started:,}"
+    started = Conversation.objects.filter(project=filled, started_at__gte=HOUR - timedelta(days=6))
+    assert value(body, "total-conversations") == f"{started.count():,}"
+
+
+def test_it_totals_the_conversations_started_in_the_range_from_the_rows(client_in, filled):
+    # The cards read the usage rollups: they must say what the conversation rows say.
+    store(filled, [round_record("clean", 0), tool_record("clean", round_id="clean-r0")])  # no error
+    body = client_in.get(reverse("web:overview", args=[filled.slug]) + "?range=7d").content.decode()
+    started = Conversation.objects.filter(project=filled, started_at__gte=HOUR - timedelta(days=6))
+    rows = started.aggregate(n=Count("id"), with_errors=Count("id", filter=Q(has_errors=True)),
+                             tokens_in=Sum("input_tokens"), tokens_out=Sum("output_tokens"))
+    assert (rows["n"], rows["with_errors"]) == (3, 2) and rows["tokens_in"] > 0
+    assert value(body, "total-conversations") == f"{rows['n']:,}"
+    assert value(body, "conversations-with-errors") == f"{rows['with_errors']:,}"
+    assert (value(body, "input-tokens"), value(body, "output-tokens")) == (
+        tokens(rows["tokens_in"]), tokens(rows["tokens_out"]))
 
 
 def test_it_widens_with_the_range(client_in, filled):

@@ -50,3 +50,15 @@ def test_it_keeps_output_escaped():
     assert "<script>" not in out and "&lt;script&gt;" in out and "东部" in out
     assert "&lt;b&gt;" in out and out.endswith("|—")
 
+
+
+@pytest.mark.parametrize("value", [
+    "short", "x" * 80, "x" * 81, "Question 12 about sales in region 5" * 4, "e\u0301" * 50, "e\u0301" * 5, "", None, 12345,
+    "<script>alert(1)</script>" * 5,
+])
+@pytest.mark.parametrize("length", [80, "80", 1, 0, "junk"])
+def test_it_clips_text_as_truncatechars_does(value, length):
+    clip = Template("{% load observatory %}{{ v|clip:n }}")
+    truncate = Template("{{ v|truncatechars:n }}")
+    context = {"v": value, "n": length}
+    assert clip.render(Context(context)) == truncate.render(Context(context))
