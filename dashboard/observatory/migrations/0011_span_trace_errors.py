@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('accounts', '0002_login_throttle'),
-        ('observatory', '0009_span_tool_failures'),
+        ('observatory', '0010_toolexec_project_received'),
     ]
 
     operations = [
