@@ -45,20 +45,41 @@ def on_starting(server):
 
     path = os.environ.get(BOARD_ENV)  # a deployment may choose it (e.g. under /dev/shm)
     if not path:
-        handle, path = tempfile.mkstemp(prefix="observatory-pages-")
+        _remove_boards_of_dead_masters(tempfile.gettempdir())
+        handle, path = tempfile.mkstemp(prefix=f"observatory-pages-{os.getpid()}-")
         os.close(handle)
         server.observatory_board_made = path
     PageBoard.create(path)
     os.environ[BOARD_ENV] = path
 
 
+def _remove_boards_of_dead_masters(folder):
+    """A master killed with SIGKILL never ran on_exit: its board files stay behind."""
+    import glob
+
+    for made in glob.glob(os.path.join(glob.escape(folder), "observatory-pages-*-*")):
+        try:
+            pid = int(os.path.basename(made).split("-")[2])
+            os.kill(pid, 0)  # raises when no such process
+        except ProcessLookupError:
+            try:
+                os.unlink(made)
+            except OSError:
+                pass
+        except (ValueError, IndexError, OSError):
+            continue  # not ours, or a live master (maybe another user's)
+
+
 def on_exit(server):
+    import glob
+
     path = getattr(server, "observatory_board_made", None)
     if path:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        for made in [path, *glob.glob(glob.escape(path) + ".w*")]:  # the board and its write slots
+            try:
+                os.unlink(made)
+            except OSError:
+                pass
 
 
 def pre_fork(server, worker):

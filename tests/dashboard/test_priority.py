@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -199,3 +200,20 @@ def test_ingest_transactions_take_a_write_slot_when_there_is_a_board(this_proces
         observer.give_back(slot)
     finally:
         monkeypatch.setattr(priority, "_slots_pid", 0)
+
+
+def test_gunicorn_removes_the_boards_of_masters_that_died(tmp_path):
+    import runpy
+    from pathlib import Path
+
+    conf = runpy.run_path(str(Path(__file__).resolve().parents[2] / "deploy" / "gunicorn.conf.py"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(10)
+    left = [tmp_path / f"observatory-pages-{dead.pid}-abc", tmp_path / f"observatory-pages-{dead.pid}-abc.w0"]
+    alive = tmp_path / f"observatory-pages-{os.getpid()}-def"
+    other = tmp_path / "observatory-pages-notapid-x"
+    for path in (*left, alive, other):
+        path.write_bytes(b"")
+    conf["_remove_boards_of_dead_masters"](str(tmp_path))
+    assert not any(path.exists() for path in left)
+    assert alive.exists() and other.exists()
