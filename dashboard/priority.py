@@ -12,7 +12,7 @@ Across processes: the CPU is shared too. Under 16 senders on PostgreSQL a page
 took about a second of its own time while the other workers' ingest threads and
 their database backends kept both cores busy. So the server's processes share a
 small board (a file every process maps, made by gunicorn's master: ``PageBoard``):
-each process's slot holds when the oldest page it is serving started, and ingest
+each process's slot holds when the latest page it is serving started, and ingest
 at a safe point also waits, polling, while another process serves a page. A slot
 left behind by a process killed mid-page is ignored after ``STALE_S``. Outside
 gunicorn (runserver, tests, the gRPC server) there is no board and only the
@@ -24,7 +24,8 @@ database backend competing for the two cores with the page being served. So the
 server's ingest transactions take one of ``OBSERVATORY_MAX_CONCURRENT_WRITES``
 write slots (default: half the cores on PostgreSQL; SQLite's own write lock already
 admits one) — lock files next to the board, held with ``flock`` (a process killed
-holding one releases it) — and wait, polling, for a free one.
+holding one releases it) — and wait, polling, for a free one (at most ``WRITE_WAIT``,
+then go on without: the slots shape the load, they never refuse it).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ _EMPTY = bytes(_ALL.size)
 
 class PageBoard:
     """The server's processes' page slots in one mapped file: slot i holds the
-    epoch time at which process i started serving the page(s) it serves now, 0.0
+    epoch time at which process i started the latest page it serves now, 0.0
     when it serves none. Each process writes only its own slot (an aligned 8-byte
     store); reads are a hint, so no lock is taken across processes."""
 
