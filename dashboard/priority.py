@@ -38,8 +38,8 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Callable, Optional
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Optional
 
 from django.http import HttpRequest, HttpResponse
 
@@ -91,23 +91,31 @@ class PageBoard:
         self._map.close()
 
 
-_board_pid = 0
-_board: Optional[PageBoard] = None
+class _PerProcess:
+    """A value made once per process, on first use: after a fork the child makes
+    its own (the board and the slots are opened after gunicorn forks). None when
+    it cannot be made: then only the process's own pages count."""
 
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make, self._pid, self._value = make, 0, None
 
-def page_board() -> Optional[PageBoard]:
-    """This process's view of the server's board (opened after the fork), if any."""
-    global _board, _board_pid
-    pid = os.getpid()
-    if _board_pid != pid:
-        _board_pid, _board = pid, None
-        path, slot = os.environ.get(BOARD_ENV), os.environ.get(SLOT_ENV)
-        if path and slot is not None:
+    def __call__(self) -> Any:
+        pid = os.getpid()
+        if self._pid != pid:
+            self._pid, self._value = pid, None
             try:
-                _board = PageBoard(path, int(slot) % SLOTS)
+                self._value = self._make()
             except (OSError, ValueError):
-                _board = None  # no board: this process's own pages still count
-    return _board
+                pass
+        return self._value
+
+
+def _open_board() -> Optional[PageBoard]:
+    path, slot = os.environ.get(BOARD_ENV), os.environ.get(SLOT_ENV)
+    return PageBoard(path, int(slot) % SLOTS) if path and slot is not None else None
+
+
+page_board = _PerProcess(_open_board)  # this process's view of the server's board, if any
 
 _lock = threading.Lock()
 _pages = 0
@@ -161,26 +169,14 @@ class WriteSlots:
                 self.give_back(slot)
 
 
-_slots_pid = 0
-_slots: Optional[WriteSlots] = None
+def _open_write_slots() -> Optional[WriteSlots]:
+    from django.conf import settings
+
+    path, count = os.environ.get(BOARD_ENV), settings.OBSERVATORY_MAX_CONCURRENT_WRITES
+    return WriteSlots(path, count) if path and count > 0 else None
 
 
-def write_slots() -> Optional[WriteSlots]:
-    """This process's handle on the server's write slots, if there is a board and
-    a limit."""
-    global _slots, _slots_pid
-    pid = os.getpid()
-    if _slots_pid != pid:
-        from django.conf import settings
-
-        _slots_pid, _slots = pid, None
-        path, count = os.environ.get(BOARD_ENV), settings.OBSERVATORY_MAX_CONCURRENT_WRITES
-        if path and count > 0:
-            try:
-                _slots = WriteSlots(path, count)
-            except OSError:
-                _slots = None
-    return _slots
+write_slots = _PerProcess(_open_write_slots)  # the server's write slots, if a board and a limit
 
 
 WRITE_WAIT = 2.0  # seconds a transaction waits for a write slot before going on without
@@ -195,11 +191,7 @@ def ingest_transaction() -> Iterator[None]:
 
     yield_to_pages()
     slots = write_slots()
-    if slots is None:
-        with transaction.atomic():
-            yield
-        return
-    with slots.held(WRITE_WAIT), transaction.atomic():
+    with slots.held(WRITE_WAIT) if slots is not None else nullcontext(), transaction.atomic():
         yield
 
 

@@ -39,9 +39,9 @@ def board_path(tmp_path):
 def this_process_on_slot_1(board_path, monkeypatch):
     monkeypatch.setenv(priority.BOARD_ENV, board_path)
     monkeypatch.setenv(priority.SLOT_ENV, "1")
-    monkeypatch.setattr(priority, "_board_pid", 0)  # reopen with this environment
+    monkeypatch.setattr(priority.page_board, "_pid", 0)  # reopen with this environment
     yield priority.page_board()
-    monkeypatch.setattr(priority, "_board_pid", 0)
+    monkeypatch.setattr(priority.page_board, "_pid", 0)
 
 
 def test_a_page_served_by_another_process_shows_on_the_board(board_path):
@@ -79,7 +79,7 @@ def test_it_refuses_a_slot_outside_the_board(board_path, slot):
 
 def test_no_board_without_the_environment(monkeypatch):
     monkeypatch.delenv(priority.BOARD_ENV, raising=False)
-    monkeypatch.setattr(priority, "_board_pid", 0)
+    monkeypatch.setattr(priority.page_board, "_pid", 0)
     assert priority.page_board() is None
     started = time.monotonic()
     priority.yield_to_pages()  # nothing to wait for
@@ -89,9 +89,9 @@ def test_no_board_without_the_environment(monkeypatch):
 def test_a_board_that_cannot_be_opened_is_no_board(tmp_path, monkeypatch):
     monkeypatch.setenv(priority.BOARD_ENV, str(tmp_path / "missing"))
     monkeypatch.setenv(priority.SLOT_ENV, "1")
-    monkeypatch.setattr(priority, "_board_pid", 0)
+    monkeypatch.setattr(priority.page_board, "_pid", 0)
     assert priority.page_board() is None
-    monkeypatch.setattr(priority, "_board_pid", 0)
+    monkeypatch.setattr(priority.page_board, "_pid", 0)
 
 
 def test_ingest_waits_while_another_process_serves_a_page_until_it_ends(this_process_on_slot_1, board_path, monkeypatch):
@@ -190,7 +190,7 @@ def test_a_transaction_goes_on_without_a_slot_after_the_wait(board_path):
 @pytest.mark.django_db
 def test_ingest_transactions_take_a_write_slot_when_there_is_a_board(this_process_on_slot_1, board_path, settings, monkeypatch):
     settings.OBSERVATORY_MAX_CONCURRENT_WRITES = 1
-    monkeypatch.setattr(priority, "_slots_pid", 0)
+    monkeypatch.setattr(priority.write_slots, "_pid", 0)
     observer = priority.WriteSlots(board_path, 1)
     try:
         with priority.ingest_transaction():
@@ -199,7 +199,7 @@ def test_ingest_transactions_take_a_write_slot_when_there_is_a_board(this_proces
         assert slot == 0
         observer.give_back(slot)
     finally:
-        monkeypatch.setattr(priority, "_slots_pid", 0)
+        monkeypatch.setattr(priority.write_slots, "_pid", 0)
 
 
 def test_gunicorn_removes_the_boards_of_masters_that_died(tmp_path):
