@@ -13,14 +13,13 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any, Callable, Optional
 
-from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
 from dashboard.observatory import histogram
 from dashboard.observatory.models import ToolHourlyRollup, UsageHourlyRollup
-from dashboard.observatory.selectors import LEVELS, histogram_bucket_sums
+from dashboard.observatory.selectors import LEVELS, cursor_rows, histogram_bucket_sums
 from dashboard.observatory.services import hour_of
 
 HOURLY_UP_TO = timedelta(days=7)
@@ -81,10 +80,7 @@ def time_series(
     # Summed per hour by the database, histograms bucket by bucket too: one row an
     # hour instead of one per tool and hour, no histogram decoded in Python, and
     # read through the cursor (Django's per-value converters cost more than the sums).
-    sql, params = tools.values("hour").order_by().annotate(**HOUR_SUMS).values_list("hour", *HOUR_SUMS).query.sql_with_params()
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    rows = cursor_rows(tools.values("hour").order_by().annotate(**HOUR_SUMS).values_list("hour", *HOUR_SUMS))
     for hour, hour_calls, hour_errors, cost, priced, *rest in rows:
         i = index(_aware(hour))
         if not 0 <= i < n:
