@@ -446,12 +446,14 @@ def links_refresh(
     bounded by the chunk whatever the scope holds.
 
     Only links are added, never changed, so running it again changes nothing.
-    Returns counts and the ids of conversations that gained spans (their totals
-    and activity times need a refresh).
+    Returns counts, the ids of conversations that gained spans (their totals
+    and activity times need a refresh) and the traces of those spans (where the
+    spans to derive rows from are, whenever they were received).
     """
     since = since or timezone.now() - LINK_WINDOW
     counts: dict[str, Any] = {"tool_executions": 0, "spans": 0, "artifacts": 0, "conversations_created": 0}
     gained: set[int] = set()
+    linked_traces: set[str] = set()  # of the spans linked to a conversation here
     scoped = conversation_ids is not None or artifact_ids is not None
     conversation_list = sorted(set(conversation_ids or ()))
     project_has_spans = Span.objects.filter(project_id=project_id).exists()
@@ -474,7 +476,7 @@ def links_refresh(
         if project_has_spans and scoped:
             traces = {row[2] for row in in_scope if row[2]} | learned_traces
             _spans_link(project_id, _spans_by_calls_or_traces(unlinked_spans, {row[1] for row in in_scope}, traces),
-                        counts, gained)
+                        counts, gained, linked_traces)
         if scoped and artifact_ids is None:
             named = {row[5] for row in in_scope if row[5]}
             if named:
@@ -489,11 +491,12 @@ def links_refresh(
             Round.objects.filter(project_id=project_id, conversation_id__in=conversation_list, received_at__gte=since)
             .exclude(trace_id="").values_list("trace_id", flat=True)
         )
-        _spans_link(project_id, _spans_by_calls_or_traces(unlinked_spans, set(), round_traces), counts, gained)
+        _spans_link(project_id, _spans_by_calls_or_traces(unlinked_spans, set(), round_traces), counts, gained,
+                    linked_traces)
     elif project_has_spans and not scoped:
         # span_project_time, newest first; received_at has no index to bound it by
         _spans_link(project_id, [unlinked_spans.filter(start_time__gte=since).order_by("-start_time")[:BEAT_SPAN_LIMIT]],
-                    counts, gained)
+                    counts, gained, linked_traces)
 
     # Artifacts -> tool executions (after a records batch: those its executions name, above).
     if artifact_ids is not None:
@@ -503,6 +506,7 @@ def links_refresh(
         _artifacts_link(project_id, Artifact.objects.filter(
             project_id=project_id, tool_execution__isnull=True, created_at__gte=since), counts)
     counts["conversation_ids"] = sorted(gained)
+    counts["trace_ids"] = sorted(linked_traces)
     return counts
 
 
@@ -534,8 +538,10 @@ def _executions_link(project_id: int, in_scope: list[tuple], counts: dict[str, A
     return {execution.trace_id for execution in changed}
 
 
-def _spans_link(project_id: int, queries: list[Any], counts: dict[str, Any], gained: set[int]) -> None:
-    """Spans -> conversations, for the unlinked spans these queries find."""
+def _spans_link(project_id: int, queries: list[Any], counts: dict[str, Any], gained: set[int],
+                linked_traces: set[str]) -> None:
+    """Spans -> conversations, for the unlinked spans these queries find; adds the
+    conversations to ``gained`` and the spans' traces to ``linked_traces``."""
     fields = ("id", "trace_id", "conversation_key", "tool_call_id", "attributes", "start_time", "end_time")
     spans = list({span.pk: span for query in queries for span in query.only(*fields)}.values())
     if not spans:
@@ -595,6 +601,7 @@ def _spans_link(project_id: int, queries: list[Any], counts: dict[str, Any], gai
     update_rows(Span, changed, ["conversation", "conversation_key"])
     counts["spans"] += len(changed)
     gained.update(span.conversation_id for span in changed)
+    linked_traces.update(span.trace_id for span in changed)
 
 
 def _artifacts_link(project_id: int, unlinked_artifacts: Any, counts: dict[str, Any]) -> None:

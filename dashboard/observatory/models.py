@@ -260,6 +260,13 @@ class Span(models.Model):
                 fields=["project", "start_time"], name="span_tool_time",
                 condition=~Q(tool_name=""),
             ),
+            # the span-row pass after a batch: a conversation's model-call and tool spans
+            # received since its notes, never the conversation's history (spans with
+            # no operation, most of them, cost this index nothing)
+            models.Index(
+                fields=["conversation", "received_at"], name="span_derivable_received",
+                condition=~Q(operation=""),
+            ),
             # the trace list's "has errors" test, per root: the trace's failed spans
             # (rare rows) without reading each of its spans from the table
             models.Index(

@@ -200,7 +200,10 @@ def _derive(
         rest = [conversation for conversation in conversation_ids if conversation not in linked]
         if rest:
             # Rounds, messages and tool executions from model-call and tool spans.
-            derived_hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=rest)
+            # Only what these notes' batches brought: the spans received since, and the
+            # spans of their traces (late spans linked above, whenever received).
+            derived_hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=rest, since=since,
+                                                       trace_ids=trace_ids)
             hours = sorted(set(hours) | {hour.isoformat() for hour in derived_hours})
             tasks.conversation_totals_refresh(rest)
     if hours:

@@ -14,10 +14,11 @@ record round, no tool execution for a call id a record holds, and a derived row
 that a record arrives for later is deleted (the record takes over its span link),
 so nothing is counted twice.
 
-Incremental: a pass asks the database for the conversation's model-call and tool
-spans (the ``operation`` column, set at ingest) that no row derives from yet, and
-loads the attributes of only those, in chunks; what it reads besides (derived rows a
-record now describes, call ids already held) is limited to what those spans name.
+Incremental: a pass after batches asks the database for the model-call and tool
+spans (the ``operation`` column, set at ingest) received since its notes, and those
+of the traces linked late, that no row derives from yet, and loads the attributes
+of only those, in chunks; what it reads besides (derived rows a record received
+since then describes, call ids already held) is limited to what those name.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import json
 import uuid
 from collections import defaultdict
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from django.db import transaction
 from django.db.models import Exists, Max, OuterRef, Q
@@ -46,14 +47,27 @@ def record_id(project_id: int, trace_id: str, span_id: str, what: str) -> uuid.U
     return uuid.uuid5(NAMESPACE, f"{project_id}/{trace_id}/{span_id}/{what}")
 
 
-def span_rows_derive(*, project_id: int, conversation_ids: Iterable[int]) -> set[datetime]:
+def span_rows_derive(
+    *, project_id: int, conversation_ids: Iterable[int], since: datetime | None = None,
+    trace_ids: Iterable[str] = (),
+) -> set[datetime]:
     """Derive what is new in these conversations; returns the hours whose tool
-    rollups changed (new or removed tool executions). A fixed number of grouped
-    queries per CHUNK conversations, and per CHUNK new spans."""
+    rollups changed (new or removed tool executions).
+
+    With ``since`` (after batches: the outbox's oldest note, less its margin) the
+    candidates are the conversations' spans received since then and their spans in
+    ``trace_ids`` (spans linked late, whenever received), and only records received
+    since then can take over derived rows: the work is what the batches brought,
+    never a long conversation's history. Without it (a rebuild, the hourly beat)
+    every span of the conversations that no row derives from yet.
+
+    Candidates are read CANDIDATES at a time in start order, so memory is bounded
+    by that whatever a backlog holds."""
     ids = sorted(set(conversation_ids))
+    traces = sorted({trace for trace in trace_ids if trace})
     hours: set[datetime] = set()
     for start in range(0, len(ids), CHUNK):
-        hours |= _conversations(project_id, ids[start:start + CHUNK])
+        hours |= _conversations(project_id, ids[start:start + CHUNK], since, traces)
     return hours
 
 
@@ -63,46 +77,76 @@ def _hour(moment: datetime) -> datetime:
     return hour_of(moment)
 
 
-def _conversations(project_id: int, ids: list[int]) -> set[datetime]:
-    hours: set[datetime] = set()
-    # Only spans no row derives from yet: the database leaves out a tool span that a
-    # tool execution (derived, or a record's) links to and a model-call span that
-    # has its round, so a pass reads what is new, not the whole conversation.
-    has_tool_row = ToolExecution.objects.filter(linked_span_id=OuterRef("pk"))
-    has_round = Round.objects.filter(conversation_id=OuterRef("conversation_id"), source=Source.SPAN,
-                                     span_id=OuterRef("span_id"), trace_id=OuterRef("trace_id"))
-    candidates = list(
-        Span.objects.filter(conversation_id__in=ids, operation__in=(CHAT, EXECUTE_TOOL))
-        .filter((Q(operation=CHAT) & ~Exists(has_round)) | (Q(operation=EXECUTE_TOOL) & ~Exists(has_tool_row)))
-        .order_by("start_time", "id").values_list("id", "trace_id", "span_id", "operation", "tool_call_id")
-    )
-    traces = {row[1] for row in candidates}
-    record_traces = set(
-        Round.objects.filter(project_id=project_id, trace_id__in=traces, source=Source.RECORD)
-        .values_list("trace_id", flat=True)
-    ) if traces else set()
-    calls = {row[4] for row in candidates if row[4]}
-    record_calls = set(
-        ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD, tool_call_id__in=calls)
-        .values_list("tool_call_id", flat=True)
-    ) if calls else set()
-    new_rounds, new_tools = [], []
-    for pk, trace_id, _, operation, call_id in candidates:
-        if operation == CHAT:
-            if trace_id not in record_traces:
-                new_rounds.append(pk)
-        elif call_id not in record_calls:  # (a span a record links to is not a candidate)
-            new_tools.append(pk)
+CANDIDATES = 5_000  # candidate spans read at a time
 
+
+def _candidate_queries(project_id: int, ids: list[int], operation: str, since: datetime | None,
+                       traces: list[str]) -> list[Any]:
+    """Queries for the spans of this operation that no row derives from yet: the
+    database leaves out a tool span that a tool execution (derived, or a record's)
+    links to and a model-call span that has its round."""
+    if operation == CHAT:
+        has_round = Round.objects.filter(conversation_id=OuterRef("conversation_id"), source=Source.SPAN,
+                                         span_id=OuterRef("span_id"), trace_id=OuterRef("trace_id"))
+        pending = Span.objects.filter(conversation_id__in=ids, operation=CHAT).exclude(Exists(has_round))
+    else:
+        has_tool_row = ToolExecution.objects.filter(linked_span_id=OuterRef("pk"))
+        pending = Span.objects.filter(conversation_id__in=ids, operation=EXECUTE_TOOL).exclude(Exists(has_tool_row))
+    if since is None:
+        return [pending]
+    # span_derivable_received (its condition repeated so that any planner uses it),
+    # and the unique (project, trace_id, …) index for the linked traces.
+    queries = [pending.filter(received_at__gte=since).exclude(operation="")]
+    for start in range(0, len(traces), CHUNK):
+        queries.append(pending.filter(project_id=project_id, trace_id__in=traces[start:start + CHUNK]))
+    return queries
+
+
+def _candidate_chunks(project_id: int, ids: list[int], operation: str, since: datetime | None,
+                      traces: list[str]) -> Iterator[list[tuple]]:
+    """(pk, trace_id, tool_call_id) of the candidates, at most CANDIDATES a list, each
+    query walked in (start_time, id) order past the last one read. A span several
+    queries find comes once per query: deriving it twice inserts nothing twice."""
+    for query in _candidate_queries(project_id, ids, operation, since, traces):
+        after = None
+        while True:
+            page = query if after is None else query.filter(
+                Q(start_time__gt=after[0]) | Q(start_time=after[0], id__gt=after[1]))
+            rows = list(page.order_by("start_time", "id").values_list(
+                "id", "trace_id", "tool_call_id", "start_time")[:CANDIDATES])
+            if rows:
+                yield [row[:3] for row in rows]
+            if len(rows) < CANDIDATES:
+                break
+            after = (rows[-1][3], rows[-1][0])
+
+
+def _conversations(project_id: int, ids: list[int], since: datetime | None, traces: list[str]) -> set[datetime]:
+    hours: set[datetime] = set()
+    # One transaction: rounds are numbered after all of them are in, and tool
+    # executions get their rounds after both (a pass killed half way leaves nothing).
     with transaction.atomic():
-        _records_win(project_id, ids, hours)
+        _records_win(project_id, ids, hours, since)
         renumber: set[int] = set()
-        for start in range(0, len(new_rounds), CHUNK):
-            renumber |= _rounds_from(project_id, new_rounds[start:start + CHUNK])
+        for candidates in _candidate_chunks(project_id, ids, CHAT, since, traces):
+            traces_of = {trace for _, trace, _ in candidates}
+            record_traces = set(
+                Round.objects.filter(project_id=project_id, trace_id__in=traces_of, source=Source.RECORD)
+                .values_list("trace_id", flat=True))
+            new_rounds = [pk for pk, trace, _ in candidates if trace not in record_traces]
+            for start in range(0, len(new_rounds), CHUNK):
+                renumber |= _rounds_from(project_id, new_rounds[start:start + CHUNK])
         _renumber(sorted(renumber))
         calls_by = _calls_by_round(ids)
-        for start in range(0, len(new_tools), CHUNK):
-            hours |= _tools_from(project_id, new_tools[start:start + CHUNK], calls_by)
+        for candidates in _candidate_chunks(project_id, ids, EXECUTE_TOOL, since, traces):
+            calls = {call for _, _, call in candidates if call}
+            record_calls = set(
+                ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD, tool_call_id__in=calls)
+                .values_list("tool_call_id", flat=True)) if calls else set()
+            # (a span a record links to is not a candidate)
+            new_tools = [pk for pk, _, call in candidates if call not in record_calls]
+            for start in range(0, len(new_tools), CHUNK):
+                hours |= _tools_from(project_id, new_tools[start:start + CHUNK], calls_by)
         _assign_rounds(ids, calls_by)
         _user_from_naming_spans(ids)
     return hours
@@ -135,32 +179,41 @@ def _user_from_naming_spans(ids: list[int]) -> None:
 
 # --- a pipeline record wins -------------------------------------------------------------
 
-def _records_win(project_id: int, ids: list[int], hours: set[datetime]) -> None:
-    # Derived rounds of a trace a round record now describes (found by the database:
-    # only those, never all of a conversation's rounds).
-    record_round = Round.objects.filter(project_id=project_id, source=Source.RECORD, trace_id=OuterRef("trace_id"))
-    doomed = Round.objects.filter(conversation_id__in=ids, source=Source.SPAN).exclude(trace_id="").filter(
-        Exists(record_round))
+def _records_win(project_id: int, ids: list[int], hours: set[datetime], since: datetime | None) -> None:
+    """Derived rounds of a trace a round record now describes, and derived tool
+    executions of a call a record now holds, give way to the records. With
+    ``since`` only records received since then are looked at (a record received
+    before a span is derived keeps the row from being made at all)."""
+    record_rounds = Round.objects.filter(project_id=project_id, source=Source.RECORD)
+    records = ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD)
+    spans_rounds = Round.objects.filter(conversation_id__in=ids, source=Source.SPAN).exclude(trace_id="")
+    derived = ToolExecution.objects.filter(conversation_id__in=ids, source=Source.SPAN).exclude(tool_call_id="")
+    if since is None:
+        # Found by the database: only those, never all of a conversation's rounds.
+        doomed = spans_rounds.filter(Exists(record_rounds.filter(trace_id=OuterRef("trace_id"))))
+        derived = derived.filter(Exists(records.filter(tool_call_id=OuterRef("tool_call_id"))))
+    else:
+        # The records these batches brought (toolexec_project_received), then the
+        # derived rows they name.
+        fresh = {"conversation_id__in": ids, "received_at__gte": since}
+        doomed = spans_rounds.filter(trace_id__in=list(
+            record_rounds.filter(**fresh).exclude(trace_id="").values_list("trace_id", flat=True).distinct()))
+        derived = derived.filter(tool_call_id__in=list(
+            records.filter(**fresh).exclude(tool_call_id="").values_list("tool_call_id", flat=True)))
     gone = list(doomed.values_list("pk", "conversation_id", "round_id"))
     if gone:
         for conversation_id in {c for _, c, _ in gone}:
             Message.objects.filter(conversation_id=conversation_id, source=Source.SPAN,
                                    round_id__in=[r for _, c, r in gone if c == conversation_id]).delete()
         Round.objects.filter(pk__in=[pk for pk, _, _ in gone]).delete()
-    recorded = ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD,
-                                            tool_call_id=OuterRef("tool_call_id"))
     derived_calls = {
         call: (pk, span_pk, occurred)
-        for pk, call, span_pk, occurred in ToolExecution.objects.filter(
-            conversation_id__in=ids, source=Source.SPAN
-        ).exclude(tool_call_id="").filter(Exists(recorded))
-        .values_list("id", "tool_call_id", "linked_span_id", "occurred_at")
+        for pk, call, span_pk, occurred in derived.values_list("id", "tool_call_id", "linked_span_id", "occurred_at")
     }
     if not derived_calls:
         return
-    records = list(ToolExecution.objects.filter(
-        project_id=project_id, source=Source.RECORD, tool_call_id__in=list(derived_calls)
-    ).values_list("id", "tool_call_id", "linked_span_id"))
+    records = list(records.filter(tool_call_id__in=list(derived_calls)).values_list(
+        "id", "tool_call_id", "linked_span_id"))
     for record_pk, call, linked in records:
         pk, span_pk, occurred = derived_calls[call]
         if linked is None and span_pk is not None:

@@ -37,13 +37,15 @@ def links_refresh(
     """Without ids: everything unlinked of the last two days (the beat's pass).
     ``since`` (ISO time, JSON-safe for the broker): with ``conversation_ids``, only
     their rows received since then (the outbox gives its oldest note's time)."""
+    since_time = datetime.fromisoformat(since) if since else None
     counts = derivations.links_refresh(
-        project_id=project_id, conversation_ids=conversation_ids, artifact_ids=artifact_ids,
-        since=datetime.fromisoformat(since) if since else None,
+        project_id=project_id, conversation_ids=conversation_ids, artifact_ids=artifact_ids, since=since_time,
     )
     if counts["conversation_ids"]:
-        # Spans that just joined a conversation may be model or tool calls: their rows first.
-        hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=counts["conversation_ids"])
+        # Spans that just joined a conversation may be model or tool calls: their rows first
+        # (after a batch: the spans received since, and those of the traces just linked).
+        hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=counts["conversation_ids"],
+                                           since=since_time, trace_ids=counts["trace_ids"])
         derivations.conversation_totals_refresh(conversation_ids=counts["conversation_ids"])
         if hours:
             derivations.tool_rollups_refresh(project_id=project_id, hours=hours)

@@ -216,13 +216,13 @@ def test_it_bounds_the_beat_pass_to_the_newest_unlinked_spans(project, monkeypat
 
 
 def test_it_keeps_the_span_table_to_few_indexes(project):
-    """Each index costs every span insert: pk, unique, project+time, and six
+    """Each index costs every span insert: pk, unique, project+time, and seven
     partial ones that plain spans skip (the trace list's holds one span a trace,
     the failed spans' and the failed span-only tool calls' almost none)."""
     with connection.cursor() as cursor:
         constraints = connection.introspection.get_constraints(cursor, Span._meta.db_table)
     indexed = {name for name, c in constraints.items() if c["index"] or c["unique"] or c["primary_key"]}
-    assert len(indexed) <= 9, sorted(indexed)
+    assert len(indexed) <= 10, sorted(indexed)
 
 
 def test_it_tests_each_trace_for_errors_through_the_partial_error_index(project):
@@ -239,3 +239,19 @@ def test_it_tests_each_trace_for_errors_through_the_partial_error_index(project)
     roots = trace_roots(project, has_errors=True)
     assert index_used(roots, "span_trace_errors"), plan_of(roots)
     assert [row.root.trace_id for row in trace_page(roots).rows] == ["a" * 32]
+
+
+def test_it_finds_a_batchs_spans_to_derive_through_the_partial_received_index(project):
+    """The span-row pass after a batch reads the spans received since its notes, not
+    every span of a long conversation (span_derivable_received)."""
+    from dashboard.observatory import span_rows
+
+    conversation = Conversation.objects.create(project=project, external_id="c")
+    span(project, 1, conversation=conversation, operation="execute_tool", tool_name="search")
+    span(project, 2, conversation=conversation)
+    (received, *by_trace) = span_rows._candidate_queries(
+        project.pk, list(range(conversation.pk, conversation.pk + MANY)), "execute_tool",
+        NOW - timedelta(minutes=1), ["a" * 32])
+    assert index_used(received, "span_derivable_received"), plan_of(received)
+    assert list(received.values_list("span_id", flat=True)) == [f"{1:016x}"]
+    assert len(by_trace) == 1

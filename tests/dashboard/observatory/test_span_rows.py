@@ -118,6 +118,35 @@ def test_it_builds_the_whole_conversation_in_any_batch_order(client, project_key
     check_whole(project, Conversation.objects.get(project=project, external_id="conv-s"))
 
 
+def test_it_derives_children_received_long_before_their_naming_span(client, project_key):
+    """A pass after a batch reads the spans received since its notes, and the spans
+    of the traces it linked whenever they came: children an hour older than the
+    naming span still become rounds and a tool call."""
+    from datetime import timedelta
+
+    project, auth = project_key
+    spans = agent_spans("conv-old")
+    send(client, auth, spans["llm0"], spans["tool"], spans["llm1"])
+    Span.objects.filter(project=project).update(received_at=Span.objects.first().received_at - timedelta(hours=1))
+    send(client, auth, spans["root"])
+    check_whole(project, Conversation.objects.get(project=project, external_id="conv-old"))
+
+
+def test_it_reads_a_backlog_of_spans_a_few_at_a_time_and_derives_them_all(client, project_key, monkeypatch):
+    """Candidates come CANDIDATES at a time in start order (memory bounded by that
+    whatever a backlog holds), each page past the last: none skipped, none twice."""
+    project, auth = project_key
+    monkeypatch.setattr(span_rows, "CANDIDATES", 2)
+    send(client, auth, *[span(f"{i + 1:016x}", "search", at_ms=i // 2, trace=f"{i + 1:032x}",
+                              gen_ai__operation__name="execute_tool", gen_ai__tool__name="search",
+                              gen_ai__tool__call__id=f"call_{i}", gen_ai__conversation__id="conv-many")
+                         for i in range(7)])
+    conversation = Conversation.objects.get(project=project, external_id="conv-many")
+    assert sorted(ToolExecution.objects.filter(conversation=conversation).values_list("tool_call_id", flat=True)) == [
+        f"call_{i}" for i in range(7)]
+    assert conversation.tool_calls == 7
+
+
 def test_it_links_late_spans_from_the_outbox_by_trace_not_by_a_rescan(client, project_key):
     project, auth = project_key
     spans = agent_spans()
