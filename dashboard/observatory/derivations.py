@@ -653,14 +653,15 @@ def _conversation_key(attributes: Any) -> str:
     return ""
 
 
-def traces_link(*, project_id: int, trace_ids: Iterable[str]) -> list[int]:
+def traces_link(*, project_id: int, trace_ids: Iterable[str], linked_traces: set[str] | None = None) -> list[int]:
     """Link the unlinked spans of these traces to the conversation another span of
     the trace (or a round record of it) belongs to: the late-span pass, run from the
     outbox after each batch that stored unlinked spans or linked a trace. Only index
     lookups on (project, trace_id), and first only for the traces that have a span
     waiting (usually none: a batch links its own traces at ingest), so a pass of
     thousands of noted traces reads no more than that. Returns the conversations
-    that gained spans (the note names those its batch linked at ingest itself)."""
+    that gained spans (the note names those its batch linked at ingest itself), and
+    adds the traces whose spans it linked to ``linked_traces`` when given."""
     traces = sorted({trace for trace in trace_ids if trace})
     touched: set[int] = set()
     for start in range(0, len(traces), 500):
@@ -687,6 +688,8 @@ def traces_link(*, project_id: int, trace_ids: Iterable[str]) -> list[int]:
                 project_id=project_id, trace_id=trace_id, conversation__isnull=True
             ).update(conversation_id=conversation_id):
                 touched.add(conversation_id)
+                if linked_traces is not None:
+                    linked_traces.add(trace_id)
     return sorted(touched)
 
 

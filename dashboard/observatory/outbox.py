@@ -188,22 +188,24 @@ def _derive(
 
     conversation_ids = list(conversation_ids)
     hours = list(hours)
+    linked_traces: set[str] = set()
     if trace_ids:
         # Late spans: link the rest of each trace to the conversation one of its spans names.
-        linked = derivations.traces_link(project_id=project_id, trace_ids=trace_ids)
+        linked = derivations.traces_link(project_id=project_id, trace_ids=trace_ids, linked_traces=linked_traces)
         conversation_ids = sorted(set(conversation_ids) | set(linked))
     if conversation_ids:
         # The link pass derives the rows and totals of the conversations it linked
         # spans to; the others get theirs here, so no conversation is derived twice.
         linked = set(tasks.links_refresh(
-            project_id, conversation_ids, since=since.isoformat() if since else None)["conversation_ids"])
+            project_id, conversation_ids, since=since.isoformat() if since else None,
+            trace_ids=sorted(linked_traces))["conversation_ids"])
         rest = [conversation for conversation in conversation_ids if conversation not in linked]
         if rest:
             # Rounds, messages and tool executions from model-call and tool spans.
             # Only what these notes' batches brought: the spans received since, and the
-            # spans of their traces (late spans linked above, whenever received).
+            # spans of the traces linked above (late spans, whenever received).
             derived_hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=rest, since=since,
-                                                       trace_ids=trace_ids)
+                                                       trace_ids=sorted(linked_traces))
             hours = sorted(set(hours) | {hour.isoformat() for hour in derived_hours})
             tasks.conversation_totals_refresh(rest)
     if hours:

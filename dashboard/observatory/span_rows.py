@@ -23,6 +23,7 @@ since then describes, call ids already held) is limited to what those name.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections import defaultdict
@@ -123,33 +124,48 @@ def _candidate_chunks(project_id: int, ids: list[int], operation: str, since: da
 
 def _conversations(project_id: int, ids: list[int], since: datetime | None, traces: list[str]) -> set[datetime]:
     hours: set[datetime] = set()
-    # One transaction: rounds are numbered after all of them are in, and tool
-    # executions get their rounds after both (a pass killed half way leaves nothing).
     with transaction.atomic():
         _records_win(project_id, ids, hours, since)
-        renumber: set[int] = set()
-        for candidates in _candidate_chunks(project_id, ids, CHAT, since, traces):
-            traces_of = {trace for _, trace, _ in candidates}
-            record_traces = set(
-                Round.objects.filter(project_id=project_id, trace_id__in=traces_of, source=Source.RECORD)
-                .values_list("trace_id", flat=True))
-            new_rounds = [pk for pk, trace, _ in candidates if trace not in record_traces]
+    # Candidates are read before each transaction (on SQLite it holds the write lock),
+    # at most CANDIDATES of each operation; each transaction is whole: the rounds it
+    # adds are numbered in it and its tool executions get their rounds in it (a later
+    # page's round is given to the executions waiting for it by _assign_rounds there).
+    for chats, tools in _paired(_candidate_chunks(project_id, ids, CHAT, since, traces),
+                                _candidate_chunks(project_id, ids, EXECUTE_TOOL, since, traces)):
+        record_traces = set(
+            Round.objects.filter(project_id=project_id, trace_id__in={trace for _, trace, _ in chats},
+                                 source=Source.RECORD).values_list("trace_id", flat=True)
+        ) if chats else set()
+        calls = {call for _, _, call in tools if call}
+        record_calls = set(
+            ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD, tool_call_id__in=calls)
+            .values_list("tool_call_id", flat=True)
+        ) if calls else set()
+        new_rounds = [pk for pk, trace, _ in chats if trace not in record_traces]
+        new_tools = [pk for pk, _, call in tools if call not in record_calls]  # (a span a record links to is no candidate)
+        with transaction.atomic():
+            renumber: set[int] = set()
             for start in range(0, len(new_rounds), CHUNK):
                 renumber |= _rounds_from(project_id, new_rounds[start:start + CHUNK])
-        _renumber(sorted(renumber))
-        calls_by = _calls_by_round(ids)
-        for candidates in _candidate_chunks(project_id, ids, EXECUTE_TOOL, since, traces):
-            calls = {call for _, _, call in candidates if call}
-            record_calls = set(
-                ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD, tool_call_id__in=calls)
-                .values_list("tool_call_id", flat=True)) if calls else set()
-            # (a span a record links to is not a candidate)
-            new_tools = [pk for pk, _, call in candidates if call not in record_calls]
+            _renumber(sorted(renumber))
+            calls_by = _calls_by_round(ids)
             for start in range(0, len(new_tools), CHUNK):
                 hours |= _tools_from(project_id, new_tools[start:start + CHUNK], calls_by)
-        _assign_rounds(ids, calls_by)
+            _assign_rounds(ids, calls_by)
+    with transaction.atomic():
         _user_from_naming_spans(ids)
     return hours
+
+
+def _paired(chats: Iterator[list[tuple]], tools: Iterator[list[tuple]]) -> Iterator[tuple[list[tuple], list[tuple]]]:
+    """Pages of both operations side by side, read one pair at a time; one empty pair
+    when there are none (waiting tool executions may still get their rounds)."""
+    empty = True
+    for pair in itertools.zip_longest(chats, tools, fillvalue=[]):
+        empty = False
+        yield pair
+    if empty:
+        yield [], []
 
 
 USER_SPANS = 20  # naming spans read for the user per conversation that has none, at most

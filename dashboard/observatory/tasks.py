@@ -32,11 +32,13 @@ def tool_rollups_refresh(project_id: int, hours: list[str]) -> int:
 @shared_task(name="observatory.links_refresh")
 def links_refresh(
     project_id: int, conversation_ids: list[int] | None = None, artifact_ids: list[str] | None = None,
-    since: str | None = None,
+    since: str | None = None, trace_ids: list[str] | None = None,
 ) -> dict[str, Any]:
     """Without ids: everything unlinked of the last two days (the beat's pass).
     ``since`` (ISO time, JSON-safe for the broker): with ``conversation_ids``, only
-    their rows received since then (the outbox gives its oldest note's time)."""
+    their rows received since then (the outbox gives its oldest note's time).
+    ``trace_ids``: traces whose spans were linked late before this (their spans
+    are derived from whenever they were received)."""
     since_time = datetime.fromisoformat(since) if since else None
     counts = derivations.links_refresh(
         project_id=project_id, conversation_ids=conversation_ids, artifact_ids=artifact_ids, since=since_time,
@@ -45,7 +47,7 @@ def links_refresh(
         # Spans that just joined a conversation may be model or tool calls: their rows first
         # (after a batch: the spans received since, and those of the traces just linked).
         hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=counts["conversation_ids"],
-                                           since=since_time, trace_ids=counts["trace_ids"])
+                                           since=since_time, trace_ids=[*counts["trace_ids"], *(trace_ids or ())])
         derivations.conversation_totals_refresh(conversation_ids=counts["conversation_ids"])
         if hours:
             derivations.tool_rollups_refresh(project_id=project_id, hours=hours)
