@@ -61,22 +61,55 @@ def conversation_totals_refresh(*, conversation_ids: Iterable[int]) -> int:
     """Recompute totals, title, model, user, status and activity times of the given
     conversations, and the per-round context tokens; returns how many were updated.
 
-    Reads and writes are one transaction that first locks the conversations (rows
-    on PostgreSQL, in id order so two passes cannot deadlock; SQLite's IMMEDIATE
-    transaction takes the write lock). Two drainers deriving one conversation then
-    run one after the other: without it a pass that read before a batch committed
-    could write its stale totals after the pass that read the batch, and nothing
-    would ever correct them (the chaos benchmark caught one such conversation).
+    The reads run outside any transaction (on SQLite a write transaction holds
+    the write lock, and summing a long conversation takes a while); the write is
+    one short transaction that locks the conversations (rows on PostgreSQL, in id
+    order so two passes cannot deadlock; SQLite's IMMEDIATE transaction takes the
+    write lock) and writes only those that no pass begun later has written:
+    ``totals_updated_at`` is when the writing pass began. A pass that began later
+    read everything committed before it began, so the newest figures win whatever
+    order two drainers finish in (without that a pass that read before a batch
+    committed could write its stale totals over the pass that read the batch, and
+    nothing would correct them: the chaos benchmark caught one such conversation).
     """
     ids = sorted(set(conversation_ids))
     if not ids:
         return 0
+    from .services import hour_of
+
+    began = timezone.now()
+    conversations, round_updates, pricing = _conversation_totals_read(ids)
     with transaction.atomic():
-        return _conversation_totals_refresh(ids)
+        current = {
+            pk: (updated, project_id, started_at)
+            for pk, updated, project_id, started_at in Conversation.objects.select_for_update().filter(pk__in=ids)
+            .order_by("pk").values_list("pk", "totals_updated_at", "project_id", "started_at")
+        }
+        fresh = [c for c in conversations if c.pk in current and (current[c.pk][0] is None or current[c.pk][0] <= began)]
+        keep = {conversation.pk for conversation in fresh}
+        for pk in keep:  # the hours the conversations leave, as they are now (another pass may have moved them)
+            _, project_id, started_at = current[pk]
+            if started_at is not None:
+                pricing.hours[project_id].add(hour_of(started_at))
+        for conversation in fresh:
+            conversation.totals_updated_at = began
+        update_rows(
+            Conversation, fresh,
+            ["rounds", "messages", "tool_calls", "errors", "retries", "input_tokens", "output_tokens",
+             "max_context_tokens", "compressions", "has_errors", "title", "model", "user_id", "status",
+             "started_at", "last_activity_at", "totals_updated_at"] + costs.CONVERSATION_FIELDS,
+        )
+        update_rows(Round, [r for r in round_updates if r.conversation_id in keep],
+                    ["derived_context_tokens", "tool_call_count", "error_count"])
+        pricing.rounds = [r for r in pricing.rounds if r.conversation_id in keep]
+        pricing.save()  # [costs] round costs and the hourly usage rollups
+    return len(fresh)
 
 
-def _conversation_totals_refresh(ids: list[int]) -> int:
-    conversations = list(Conversation.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+def _conversation_totals_read(ids: list[int]) -> tuple[list[Conversation], list[Round], Any]:
+    """The conversations with their figures recomputed, the rounds whose context
+    changed, and their pricing: reads only."""
+    conversations = list(Conversation.objects.filter(pk__in=ids).order_by("pk"))
     rounds = _grouped(
         Round.objects.filter(conversation_id__in=ids),
         n=Count("id"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
@@ -124,7 +157,6 @@ def _conversation_totals_refresh(ids: list[int]) -> int:
     latest_tool_model = {pk: row["last_tool_model"] for pk, row in firsts_and_lasts.items()
                          if row["last_tool_model"] is not None}
 
-    now = timezone.now()
     for conversation in conversations:
         pk = conversation.pk
         r, m, t = rounds.get(pk, {}), messages.get(pk, {}), tools.get(pk, {})
@@ -152,20 +184,9 @@ def _conversation_totals_refresh(ids: list[int]) -> int:
         if firsts:
             conversation.started_at = min(firsts)
             conversation.last_activity_at = max(lasts)
-        conversation.totals_updated_at = now
 
-    pricing = costs.conversations_priced(conversations)  # [costs] before the write: reads the old start hours
-    round_updates = _round_context(ids)
-    with transaction.atomic():
-        update_rows(
-            Conversation, conversations,
-            ["rounds", "messages", "tool_calls", "errors", "retries", "input_tokens", "output_tokens",
-             "max_context_tokens", "compressions", "has_errors", "title", "model", "user_id", "status",
-             "started_at", "last_activity_at", "totals_updated_at"] + costs.CONVERSATION_FIELDS,
-        )
-        update_rows(Round, round_updates, ["derived_context_tokens", "tool_call_count", "error_count"])
-        pricing.save()  # [costs] round costs and the hourly usage rollups
-    return len(conversations)
+    pricing = costs.conversations_priced(conversations)  # [costs] reads the old start hours
+    return conversations, _round_context(ids), pricing
 
 
 def _first(rows: Any, field: str, *order: str) -> Subquery:

@@ -56,7 +56,7 @@ def test_it_never_lets_a_pass_that_read_early_overwrite_a_later_one(project, rec
 
     fast = threading.Thread(target=run, args=(ingest_then_derive,))
     fast.start()
-    fast.join(0.5)  # with the lock the fast drainer waits here; without it, it finishes
+    fast.join(0.5)  # the fast drainer reads and writes while the slow one stalls
     release.set()
     slow.join(10)
     fast.join(20)
