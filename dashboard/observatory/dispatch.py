@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 
@@ -93,6 +94,10 @@ class DerivationRunner:
                 logger.exception("draining the derivation outbox failed")
                 left = True
             try:
+                sqlite_wal_truncate(settings.OBSERVATORY_SQLITE_WAL_LIMIT_MB << 20)
+            except Exception:  # a busy database: the next pass tries again
+                logger.exception("checkpointing the SQLite write-ahead log failed")
+            try:
                 self._beat()
             except Exception:  # a failed hourly or daily job runs again at its next time
                 logger.exception("scheduled derivation failed")
@@ -121,6 +126,43 @@ class DerivationRunner:
         if self._last_purge_day != today:
             self._last_purge_day = today
             tasks.purge_expired()
+
+
+WAL_BUSY_MS = 1000  # how long a checkpoint may wait for readers (writers wait meanwhile)
+
+
+def sqlite_wal_truncate(limit_bytes: int, alias: str = "default") -> bool | None:
+    """Checkpoint SQLite's write-ahead log whole and truncate it when it is over
+    ``limit_bytes``; True when done, False when readers kept it busy past
+    WAL_BUSY_MS (the next pass tries again), None when there was nothing to do.
+
+    SQLite's automatic checkpoints are passive: they copy only the frames no reader
+    still needs, and the log restarts only once all are copied. Under steady ingest
+    some reader always holds an older snapshot, so the log never restarted: 8.8 GB
+    after 20 minutes, each read searching an index of it. TRUNCATE waits for the
+    readers (blocking writers for at most WAL_BUSY_MS), copies everything, and
+    empties the file."""
+    connection = connections[alias]
+    if connection.vendor != "sqlite":
+        return None
+    try:
+        size = os.path.getsize(f"{connection.settings_dict['NAME']}-wal")
+    except OSError:
+        return None
+    if size <= limit_bytes:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout")
+        (configured,) = cursor.fetchone()
+        cursor.execute(f"PRAGMA busy_timeout = {WAL_BUSY_MS:d}")
+        try:
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            busy, _, _ = cursor.fetchone()
+        finally:
+            cursor.execute(f"PRAGMA busy_timeout = {int(configured):d}")
+    if busy:
+        logger.info("SQLite write-ahead log of %d MB not checkpointed: readers kept it busy", size >> 20)
+    return not busy
 
 
 _runner: DerivationRunner | None = None

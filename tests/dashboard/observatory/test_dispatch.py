@@ -123,3 +123,50 @@ def test_it_links_an_uploaded_artifact_on_the_background_thread(client, auth, re
     artifact = Artifact.objects.get()
     assert artifact.tool_execution == ToolExecution.objects.get()
     assert artifact.conversation.external_id == "conv-1"
+
+
+@pytest.fixture
+def sqlite_wal(db):
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's write-ahead log")
+    return f"{connection.settings_dict['NAME']}-wal"
+
+
+def test_it_truncates_the_sqlite_write_ahead_log_once_it_passes_the_limit(project, sqlite_wal):
+    import os
+
+    Conversation.objects.bulk_create(Conversation(project=project, external_id=f"c{i}", title="x" * 500)
+                                     for i in range(200))
+    size = os.path.getsize(sqlite_wal)
+    assert size > 0
+    assert dispatch.sqlite_wal_truncate(size + 1) is None  # under the limit: nothing to do
+    assert dispatch.sqlite_wal_truncate(1) is True
+    assert os.path.getsize(sqlite_wal) == 0
+    assert Conversation.objects.count() == 200  # everything is in the database file
+
+
+def test_it_leaves_the_log_for_the_next_pass_when_a_reader_keeps_it_busy(project, sqlite_wal, monkeypatch):
+    import os
+    import sqlite3
+
+    from django.db import connection
+
+    monkeypatch.setattr(dispatch, "WAL_BUSY_MS", 50)
+    Conversation.objects.create(project=project, external_id="before")
+    reader = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM observatory_conversation").fetchone()  # holds this snapshot
+        Conversation.objects.create(project=project, external_id="after")
+        started = time.monotonic()
+        assert dispatch.sqlite_wal_truncate(1) is False
+        assert time.monotonic() - started < 2
+        assert os.path.getsize(sqlite_wal) > 0
+    finally:
+        reader.close()
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout")
+        assert cursor.fetchone()[0] == 5000  # the connection's own timeout is back
+    assert dispatch.sqlite_wal_truncate(1) is True
