@@ -18,6 +18,11 @@ keepalive = 5
 # Recycle workers now and then so a slow leak can never grow without bound.
 max_requests = int(os.environ.get("WEB_MAX_REQUESTS", "20000"))
 max_requests_jitter = 2000
+# ...and by memory: a worker whose private memory passes this many MiB finishes its
+# requests and is replaced (dashboard/worker_memory.py; 0 turns it off). Four
+# workers at the ceiling plus the master stay under 400 MB PSS.
+worker_private_mb = int(os.environ.get("WEB_WORKER_PRIVATE_MB", "80"))
+worker_min_age = float(os.environ.get("WEB_WORKER_MIN_AGE_SECONDS", "60"))  # never replaced younger
 # Request line and header limits; body limits are enforced by the ingest views.
 limit_request_line = 8190
 limit_request_fields = 100
@@ -106,3 +111,15 @@ def post_fork(server, worker):
         from dashboard.observatory.dispatch import start_background
 
         start_background()
+
+
+def post_request(worker, req, environ, resp):
+    ceiling = getattr(worker, "observatory_ceiling", None)
+    if ceiling is None:
+        from dashboard.worker_memory import MemoryCeiling
+
+        ceiling = worker.observatory_ceiling = MemoryCeiling(worker_private_mb, min_age=worker_min_age)
+    if worker.alive and ceiling.exceeded():
+        worker.log.info("worker %s: %.0f MiB private memory, over %d: replaced after its requests",
+                        worker.pid, ceiling.last_mib, worker_private_mb)
+        worker.alive = False
