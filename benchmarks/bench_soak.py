@@ -175,7 +175,7 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
         stop.set()
         for thread in threads:
             thread.join(timeout=60)
-    converged, off = wait_until_converged(project.pk, timeout=args.converge_timeout)
+    converged, off = wait_until_converged(project.pk, timeout=args.converge_timeout, report=args.window / 4)
     stop_watch.set()
     watcher.join()
     def after_warm_up(values: list[float]) -> float:

@@ -475,17 +475,28 @@ def divergence(project_id: int) -> dict[str, int]:
     }
 
 
-def wait_until_converged(project_id: int, *, timeout: float, every: float = 1.0) -> tuple[float | None, dict[str, int]]:
-    """Seconds until ``divergence`` is all zeros (None past the timeout), and the last divergence."""
+def wait_until_converged(project_id: int, *, timeout: float, every: float = 1.0,
+                         report: float = 0.0) -> tuple[float | None, dict[str, int]]:
+    """Seconds until ``divergence`` is all zeros (None past the timeout), and the last
+    divergence. With ``report`` (seconds), a line at most that often: how far off, and
+    how many derivation notes are still waiting (so a slow drain and a wrong one differ)."""
     from django.db import close_old_connections
 
+    from dashboard.observatory.models import DerivationNote
+
     started = time.monotonic()
+    reported = started
     while True:
         close_old_connections()
         off = divergence(project_id)
+        now = time.monotonic()
         if not any(off.values()):
-            return time.monotonic() - started, off
-        if time.monotonic() - started > timeout:
+            return now - started, off
+        if report and now - reported >= report:
+            reported = now
+            print(f"  +{now - started:.0f} s: {DerivationNote.objects.filter(project_id=project_id).count()} notes "
+                  f"waiting, off: {off}", flush=True)
+        if now - started > timeout:
             return None, off
         time.sleep(every)
 

@@ -206,17 +206,17 @@ def _records_win(project_id: int, ids: list[int], hours: set[datetime], since: d
     derived = ToolExecution.objects.filter(conversation_id__in=ids, source=Source.SPAN).exclude(tool_call_id="")
     if since is None:
         # Found by the database: only those, never all of a conversation's rounds.
-        doomed = spans_rounds.filter(Exists(record_rounds.filter(trace_id=OuterRef("trace_id"))))
-        derived = derived.filter(Exists(records.filter(tool_call_id=OuterRef("tool_call_id"))))
+        doomed = [spans_rounds.filter(Exists(record_rounds.filter(trace_id=OuterRef("trace_id"))))]
+        described = [derived.filter(Exists(records.filter(tool_call_id=OuterRef("tool_call_id"))))]
     else:
         # The records these batches brought (toolexec_project_received), then the
-        # derived rows they name.
+        # derived rows they name, CHUNK names a query.
         fresh = {"conversation_id__in": ids, "received_at__gte": since}
-        doomed = spans_rounds.filter(trace_id__in=list(
-            record_rounds.filter(**fresh).exclude(trace_id="").values_list("trace_id", flat=True).distinct()))
-        derived = derived.filter(tool_call_id__in=list(
-            records.filter(**fresh).exclude(tool_call_id="").values_list("tool_call_id", flat=True)))
-    gone = list(doomed.values_list("pk", "conversation_id", "round_id"))
+        traces = sorted(set(record_rounds.filter(**fresh).exclude(trace_id="").values_list("trace_id", flat=True)))
+        calls = sorted(set(records.filter(**fresh).exclude(tool_call_id="").values_list("tool_call_id", flat=True)))
+        doomed = [spans_rounds.filter(trace_id__in=traces[i:i + CHUNK]) for i in range(0, len(traces), CHUNK)]
+        described = [derived.filter(tool_call_id__in=calls[i:i + CHUNK]) for i in range(0, len(calls), CHUNK)]
+    gone = [row for query in doomed for row in query.values_list("pk", "conversation_id", "round_id")]
     if gone:
         for conversation_id in {c for _, c, _ in gone}:
             Message.objects.filter(conversation_id=conversation_id, source=Source.SPAN,
@@ -224,7 +224,8 @@ def _records_win(project_id: int, ids: list[int], hours: set[datetime], since: d
         Round.objects.filter(pk__in=[pk for pk, _, _ in gone]).delete()
     derived_calls = {
         call: (pk, span_pk, occurred)
-        for pk, call, span_pk, occurred in derived.values_list("id", "tool_call_id", "linked_span_id", "occurred_at")
+        for query in described
+        for pk, call, span_pk, occurred in query.values_list("id", "tool_call_id", "linked_span_id", "occurred_at")
     }
     if not derived_calls:
         return
