@@ -62,9 +62,12 @@ class DerivationRunner:
         self.wake()
         return self._idle.wait(timeout)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Finish what is ready, then end the thread (waiting at most ``timeout`` for each)."""
-        self.flush(timeout)
+    def stop(self, timeout: float = 15.0) -> None:
+        """End the thread: no pass starts after this, the pass under way finishes
+        (waited for at most ``timeout``, within gunicorn's graceful 20 s). What is
+        ready and not claimed stays for the other processes; a pass cut short would
+        leave its notes claimed until their lease ends (30 s of lag: a worker replaced
+        for its memory used to do that when it first finished what was ready)."""
         self._stop.set()
         self._wake.set()
         thread = self._thread
@@ -88,11 +91,14 @@ class DerivationRunner:
             if woken:
                 time.sleep(self.delay_seconds)  # let a burst of batches pile up
             try:
-                outbox_drain_all()  # failures are contained per note there
+                outbox_drain_all(stop=self._stop)  # failures are contained per note there
                 left = notes_ready()
             except Exception:  # the database is away: the next poll tries again
                 logger.exception("draining the derivation outbox failed")
                 left = True
+            if self._stop.is_set():
+                self._close_connections()
+                break
             try:
                 sqlite_wal_truncate(settings.OBSERVATORY_SQLITE_WAL_LIMIT_MB << 20)
             except Exception:  # a busy database: the next pass tries again
@@ -101,13 +107,17 @@ class DerivationRunner:
                 self._beat()
             except Exception:  # a failed hourly or daily job runs again at its next time
                 logger.exception("scheduled derivation failed")
-            try:
-                close_old_connections()
-                connections.close_all()
-            except Exception:  # nothing may end the thread
-                logger.exception("closing the derivation thread's connections failed")
+            self._close_connections()
             if not left and not self._wake.is_set():
                 self._idle.set()
+
+    @staticmethod
+    def _close_connections() -> None:
+        try:
+            close_old_connections()
+            connections.close_all()
+        except Exception:  # nothing may end the thread
+            logger.exception("closing the derivation thread's connections failed")
 
     def _beat(self) -> None:
         from django.utils import timezone

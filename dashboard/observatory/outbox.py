@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -144,10 +145,13 @@ def outbox_drain(*, limit: int = NOTE_BATCH) -> DrainOutcome:
     return outcome
 
 
-def outbox_drain_all(*, passes: int = 100) -> DrainOutcome:
-    """Drain until nothing is ready (bounded by ``passes``)."""
+def outbox_drain_all(*, passes: int = 100, stop: threading.Event | None = None) -> DrainOutcome:
+    """Drain until nothing is ready (bounded by ``passes``; between passes, ends once
+    ``stop`` is set)."""
     total = DrainOutcome()
     for _ in range(passes):
+        if stop is not None and stop.is_set():
+            break
         outcome = outbox_drain()
         total.notes += outcome.notes
         total.failed += outcome.failed

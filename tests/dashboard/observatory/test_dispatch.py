@@ -170,3 +170,31 @@ def test_it_leaves_the_log_for_the_next_pass_when_a_reader_keeps_it_busy(project
         cursor.execute("PRAGMA busy_timeout")
         assert cursor.fetchone()[0] == 5000  # the connection's own timeout is back
     assert dispatch.sqlite_wal_truncate(1) is True
+
+
+def test_stopping_ends_the_thread_after_the_pass_under_way(background, monkeypatch):
+    """A worker being replaced stops its runner: the pass under way finishes, no other
+    starts (before, it drained on for up to 100 passes and was cut off mid-pass, its
+    notes left claimed until their lease ended: 30 s of lag)."""
+    import threading
+
+    from dashboard.observatory import outbox
+
+    passes: list[float] = []
+    started = threading.Event()
+
+    def slow_pass(**kwargs):
+        passes.append(time.monotonic())
+        started.set()
+        time.sleep(0.3)
+        return outbox.DrainOutcome(notes=1)  # always more to do: the drain would go on
+
+    monkeypatch.setattr(outbox, "outbox_drain", slow_pass)
+    runner = dispatch.runner()
+    runner.wake()
+    assert started.wait(5)
+    stopping = time.monotonic()
+    runner.stop(timeout=5)
+    assert time.monotonic() - stopping < 1.0
+    assert not runner._thread.is_alive()
+    assert len(passes) <= 2
