@@ -215,9 +215,9 @@ OBSERVATORY_DERIVE_INLINE = env.env_bool("OBSERVATORY_DERIVE_INLINE", env.runnin
 OBSERVATORY_ROLLUP_INTERVAL_SECONDS = env.env_int(
     "OBSERVATORY_ROLLUP_INTERVAL_SECONDS", 0 if OBSERVATORY_DERIVE_INLINE else 10, minimum=0
 )
-# SQLite: when the write-ahead log passes this size the runner checkpoints it whole and
-# truncates it (under steady ingest readers always overlap, so SQLite's own passive
-# checkpoints never get to restart it and it grew to 8.8 GB in a 20-minute soak).
+# SQLite: when the write-ahead log passes this size the runner tries (once a minute) to
+# checkpoint it whole and truncate it (under steady ingest readers always overlap, so
+# SQLite's own passive checkpoints never restart it: 8.8 GB in a 20-minute soak).
 OBSERVATORY_SQLITE_WAL_LIMIT_MB = env.env_int("OBSERVATORY_SQLITE_WAL_LIMIT_MB", 256, minimum=1)
 CELERY_RESULT_BACKEND = env.env_str("CELERY_RESULT_BACKEND") or None
 CELERY_TASK_IGNORE_RESULT = True

@@ -34,6 +34,7 @@ class DerivationRunner:
     POLL_SECONDS regardless (notes of a crashed process, notes waiting out a backoff)."""
 
     POLL_SECONDS = 5.0
+    CHECKPOINT_SECONDS = 60.0  # how often at most this process tries to truncate SQLite's log
 
     def __init__(self, *, delay_seconds: float, beat_interval_seconds: float = 60.0) -> None:
         self.delay_seconds = delay_seconds
@@ -45,6 +46,7 @@ class DerivationRunner:
         self._idle.set()
         self._thread: threading.Thread | None = None
         self._last_hourly: float = 0.0  # monotonic time of the last hourly pass
+        self._next_checkpoint: float = 0.0  # monotonic time of the next try at truncating SQLite's log
         self._last_purge_day: str | None = None
 
     def start(self) -> None:
@@ -99,10 +101,15 @@ class DerivationRunner:
             if self._stop.is_set():
                 self._close_connections()
                 break
-            try:
-                sqlite_wal_truncate(settings.OBSERVATORY_SQLITE_WAL_LIMIT_MB << 20)
-            except Exception:  # a busy database: the next pass tries again
-                logger.exception("checkpointing the SQLite write-ahead log failed")
+            if time.monotonic() >= self._next_checkpoint:
+                # At most once a minute: a checkpoint that waits for readers holds the
+                # writers back meanwhile (every pass of every process was too often:
+                # their passes then failed on "database is locked").
+                self._next_checkpoint = time.monotonic() + self.CHECKPOINT_SECONDS
+                try:
+                    sqlite_wal_truncate(settings.OBSERVATORY_SQLITE_WAL_LIMIT_MB << 20)
+                except Exception:  # a busy database: the next try is a minute later
+                    logger.exception("checkpointing the SQLite write-ahead log failed")
             try:
                 self._beat()
             except Exception:  # a failed hourly or daily job runs again at its next time
@@ -138,7 +145,7 @@ class DerivationRunner:
             tasks.purge_expired()
 
 
-WAL_BUSY_MS = 1000  # how long a checkpoint may wait for readers (writers wait meanwhile)
+WAL_BUSY_MS = 250  # how long a checkpoint may wait for readers (writers wait meanwhile)
 
 
 def sqlite_wal_truncate(limit_bytes: int, alias: str = "default") -> bool | None:
@@ -151,7 +158,8 @@ def sqlite_wal_truncate(limit_bytes: int, alias: str = "default") -> bool | None
     some reader always holds an older snapshot, so the log never restarted: 8.8 GB
     after 20 minutes, each read searching an index of it. TRUNCATE waits for the
     readers (blocking writers for at most WAL_BUSY_MS), copies everything, and
-    empties the file."""
+    empties the file. Under steady load it rarely gets there; when ingest pauses it
+    does, and the file on disk shrinks again."""
     connection = connections[alias]
     if connection.vendor != "sqlite":
         return None
