@@ -81,17 +81,19 @@ def conversation_totals_refresh(*, conversation_ids: Iterable[int]) -> int:
     conversations, round_updates, pricing = _conversation_totals_read(ids)
     with transaction.atomic():
         current = {
-            pk: (updated, project_id, started_at)
-            for pk, updated, project_id, started_at in Conversation.objects.select_for_update().filter(pk__in=ids)
-            .order_by("pk").values_list("pk", "totals_updated_at", "project_id", "started_at")
+            row["pk"]: row for row in Conversation.objects.select_for_update().filter(pk__in=ids).order_by("pk")
+            .values("pk", "totals_updated_at", "project_id", "started_at", *_KEPT_UNLESS_DERIVED)
         }
-        fresh = [c for c in conversations if c.pk in current and (current[c.pk][0] is None or current[c.pk][0] <= began)]
+        fresh = [c for c in conversations if c.pk in current
+                 and (current[c.pk]["totals_updated_at"] is None or current[c.pk]["totals_updated_at"] <= began)]
         keep = {conversation.pk for conversation in fresh}
-        for pk in keep:  # the hours the conversations leave, as they are now (another pass may have moved them)
-            _, project_id, started_at = current[pk]
-            if started_at is not None:
-                pricing.hours[project_id].add(hour_of(started_at))
         for conversation in fresh:
+            now = current[conversation.pk]
+            if now["started_at"] is not None:  # the hour it leaves, as it is now (another pass may have moved it)
+                pricing.hours[now["project_id"]].add(hour_of(now["started_at"]))
+            for name, read in conversation.kept_as_read.items():
+                if getattr(conversation, name) == read:  # not derived here: what another writer set since stays
+                    setattr(conversation, name, now[name])
             conversation.totals_updated_at = began
         update_rows(
             Conversation, fresh,
@@ -106,10 +108,18 @@ def conversation_totals_refresh(*, conversation_ids: Iterable[int]) -> int:
     return len(fresh)
 
 
+# Fields a pass keeps as it read them when the rows say nothing new (no user message,
+# no round with a model or user): another writer may set them meanwhile (the span-row
+# pass sets a user from the naming spans), and the totals' write must not undo that.
+_KEPT_UNLESS_DERIVED = ("title", "model", "user_id")
+
+
 def _conversation_totals_read(ids: list[int]) -> tuple[list[Conversation], list[Round], Any]:
     """The conversations with their figures recomputed, the rounds whose context
     changed, and their pricing: reads only."""
     conversations = list(Conversation.objects.filter(pk__in=ids).order_by("pk"))
+    for conversation in conversations:
+        conversation.kept_as_read = {name: getattr(conversation, name) for name in _KEPT_UNLESS_DERIVED}
     rounds = _grouped(
         Round.objects.filter(conversation_id__in=ids),
         n=Count("id"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),

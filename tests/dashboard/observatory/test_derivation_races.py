@@ -63,3 +63,21 @@ def test_it_never_lets_a_pass_that_read_early_overwrite_a_later_one(project, rec
     assert not errors and not slow.is_alive() and not fast.is_alive()
     conversation.refresh_from_db()
     assert conversation.messages == 2
+
+
+def test_it_keeps_a_user_another_writer_set_while_it_was_reading(project, records, monkeypatch):
+    """The span-row pass sets a conversation's user from its naming spans; a totals
+    pass that read before that and derives no user must not write the old one back."""
+    store(project, [records.message(conversation="u", index=0)])
+    conversation = Conversation.objects.get()
+    assert conversation.user_id == ""
+    real_priced = costs.conversations_priced
+
+    def user_set_meanwhile(conversations, *args, **kwargs):
+        Conversation.objects.filter(pk=conversation.pk).update(user_id="ana")  # between the reads and the write
+        return real_priced(conversations, *args, **kwargs)
+
+    monkeypatch.setattr(costs, "conversations_priced", user_set_meanwhile)
+    assert derivations.conversation_totals_refresh(conversation_ids=[conversation.pk]) == 1
+    conversation.refresh_from_db()
+    assert (conversation.user_id, conversation.messages) == ("ana", 1)
