@@ -20,8 +20,10 @@ max_requests = int(os.environ.get("WEB_MAX_REQUESTS", "20000"))
 max_requests_jitter = 2000
 # ...and by memory: a worker whose private memory passes this many MiB finishes its
 # requests and is replaced (dashboard/worker_memory.py; 0 turns it off). Four
-# workers at the ceiling plus the master stay under 400 MB PSS.
-worker_private_mb = int(os.environ.get("WEB_WORKER_PRIVATE_MB", "80"))
+# workers at the ceiling plus the master stay under 400 MB PSS. A worker that imports
+# the app itself (WEB_PRELOAD=0) has all of it private from the start: a higher default.
+_preloading = os.environ.get("WEB_PRELOAD", "1") != "0"
+worker_private_mb = int(os.environ.get("WEB_WORKER_PRIVATE_MB", "80" if _preloading else "160"))
 worker_min_age = float(os.environ.get("WEB_WORKER_MIN_AGE_SECONDS", "60"))  # never replaced younger
 # Request line and header limits; body limits are enforced by the ingest views.
 limit_request_line = 8190
@@ -36,7 +38,7 @@ forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
 # (WEB_PRELOAD=0 to import in every worker). What must be per process starts after
 # the fork: the embedded derivation thread (threads do not survive a fork) and the
 # database connections (none is opened before it; closed again to be sure).
-preload_app = os.environ.get("WEB_PRELOAD", "1") != "0"
+preload_app = _preloading
 if preload_app:
     os.environ["OBSERVATORY_BACKGROUND_AFTER_FORK"] = "1"
 
