@@ -134,6 +134,13 @@ def outbox_drain(*, limit: int = NOTE_BATCH) -> DrainOutcome:
         yield_to_pages()  # the runner shares the web process with the pages
         try:
             _derive(project_id, *_merged(group))
+        except OperationalError as exc:
+            # A busy database says nothing about the notes: the whole group again soon,
+            # merged. Deriving 6,000 notes one by one after "database is locked" had
+            # each recompute its hour's rollups: the soak's backlog then never drained.
+            _delay_busy(group, f"{type(exc).__name__}: {exc}"[:ERROR_LENGTH])
+            outcome.failed += len(group)
+            continue
         except Exception:
             logger.warning("derivation pass of %d notes of project %d failed; deriving them one by one",
                            len(group), project_id, exc_info=True)
@@ -255,7 +262,7 @@ def _failed(note: DerivationNote, exc: Exception, outcome: DrainOutcome) -> None
         + [dict(trace_ids=[t]) for t in note.trace_ids]
     )
     if isinstance(exc, OperationalError):
-        _delay_busy(note, error)
+        _delay_busy([note], error)
         return
     if len(items) > 1:
         with transaction.atomic():
@@ -280,13 +287,13 @@ def _failed(note: DerivationNote, exc: Exception, outcome: DrainOutcome) -> None
                        note.pk, note.attempts, delay, error)
 
 
-def _delay_busy(note: DerivationNote, error: str) -> None:
+def _delay_busy(notes: list[DerivationNote], error: str) -> None:
     """Retry later without counting the attempt (the claim counted it): the busy
-    database is not the note's fault. Whole, not split: splitting would only
+    database is not the notes' fault. Whole, not split: splitting would only
     multiply the contention."""
     delay = settings.OBSERVATORY_DERIVE_RETRY_SECONDS
-    DerivationNote.objects.filter(pk=note.pk).update(
+    DerivationNote.objects.filter(pk__in=[note.pk for note in notes]).update(
         last_error=error, claimed_until=None, attempts=F("attempts") - 1,
         available_at=timezone.now() + timedelta(seconds=delay),
     )
-    logger.warning("derivation note %d: database busy, retried in %.0f s: %s", note.pk, delay, error)
+    logger.warning("%d derivation notes: database busy, retried in %.0f s: %s", len(notes), delay, error)

@@ -78,7 +78,7 @@ def _hour(moment: datetime) -> datetime:
     return hour_of(moment)
 
 
-CANDIDATES = 5_000  # candidate spans read at a time
+CANDIDATES = 1_000  # candidate spans read, and derived in one transaction, at a time
 
 
 def _candidate_queries(project_id: int, ids: list[int], operation: str, since: datetime | None,

@@ -144,6 +144,27 @@ def test_it_never_parks_a_note_for_a_busy_database(client, auth, records, crash_
     assert sorted(Conversation.objects.values_list("external_id", "messages")) == [("a", 1), ("b", 1)]
 
 
+def test_a_busy_merged_pass_is_retried_merged_not_note_by_note(client, auth, records, crash_after_commit, monkeypatch):
+    """"database is locked" on a pass of many notes delays them all, uncounted, for one
+    merged pass later: deriving them one by one had each recompute its hour (6,000
+    notes that never drained in a soak)."""
+    from django.db import OperationalError
+
+    post(client, auth, [records.message(conversation="a")])
+    post(client, auth, [records.message(conversation="b")])
+    calls: list[list[int]] = []
+
+    def locked(ids):
+        calls.append(list(ids))
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(tasks, "conversation_totals_refresh", locked)
+    outcome = outbox.outbox_drain()
+    assert (outcome.failed, outcome.notes, len(calls)) == (2, 0, 1)  # one merged try, none alone
+    notes = list(DerivationNote.objects.values_list("attempts", "claimed_until", "last_error"))
+    assert notes == [(0, None, "OperationalError: database is locked")] * 2
+
+
 def test_it_links_the_rows_received_since_its_oldest_note_not_the_conversations_history(
         client, auth, records, crash_after_commit, monkeypatch):
     """A pass reads what its batches brought: an old row of the same conversation is
