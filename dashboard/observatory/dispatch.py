@@ -103,8 +103,8 @@ class DerivationRunner:
                 break
             if time.monotonic() >= self._next_checkpoint:
                 # At most once a minute: a checkpoint that waits for readers holds the
-                # writers back meanwhile (every pass of every process was too often:
-                # their passes then failed on "database is locked").
+                # writers back meanwhile (after every pass of every process, with a 1 s
+                # wait, the soak's passes failed on "database is locked", likely from it).
                 self._next_checkpoint = time.monotonic() + self.CHECKPOINT_SECONDS
                 try:
                     sqlite_wal_truncate(settings.OBSERVATORY_SQLITE_WAL_LIMIT_MB << 20)
@@ -151,7 +151,7 @@ WAL_BUSY_MS = 250  # how long a checkpoint may wait for readers (writers wait me
 def sqlite_wal_truncate(limit_bytes: int, alias: str = "default") -> bool | None:
     """Checkpoint SQLite's write-ahead log whole and truncate it when it is over
     ``limit_bytes``; True when done, False when readers kept it busy past
-    WAL_BUSY_MS (the next pass tries again), None when there was nothing to do.
+    WAL_BUSY_MS (the runner tries again a minute later), None when there was nothing to do.
 
     SQLite's automatic checkpoints are passive: they copy only the frames no reader
     still needs, and the log restarts only once all are copied. Under steady ingest
