@@ -130,6 +130,7 @@ def _conversations(project_id: int, ids: list[int], since: datetime | None, trac
     # at most CANDIDATES of each operation; each transaction is whole: the rounds it
     # adds are numbered in it and its tool executions get their rounds in it (a later
     # page's round is given to the executions waiting for it by _assign_rounds there).
+    calls_by = None  # what the derived rounds asked for: read again only after a page adds rounds
     for chats, tools in _paired(_candidate_chunks(project_id, ids, CHAT, since, traces),
                                 _candidate_chunks(project_id, ids, EXECUTE_TOOL, since, traces)):
         record_traces = set(
@@ -148,7 +149,8 @@ def _conversations(project_id: int, ids: list[int], since: datetime | None, trac
             for start in range(0, len(new_rounds), CHUNK):
                 renumber |= _rounds_from(project_id, new_rounds[start:start + CHUNK])
             _renumber(sorted(renumber))
-            calls_by = _calls_by_round(ids)
+            if calls_by is None or renumber:
+                calls_by = _calls_by_round(ids)
             for start in range(0, len(new_tools), CHUNK):
                 hours |= _tools_from(project_id, new_tools[start:start + CHUNK], calls_by)
             _assign_rounds(ids, calls_by)
