@@ -104,6 +104,9 @@ def pre_fork(server, worker):
 
 def post_fork(server, worker):
     from dashboard.priority import SLOT_ENV, SLOTS, page_board
+    from dashboard.worker_memory import MemoryCeiling
+
+    worker.observatory_ceiling = MemoryCeiling(worker_private_mb, min_age=worker_min_age)
 
     os.environ[SLOT_ENV] = str(worker.age % SLOTS)
     board = page_board()
@@ -116,11 +119,7 @@ def post_fork(server, worker):
 
 
 def post_request(worker, req, environ, resp):
-    ceiling = getattr(worker, "observatory_ceiling", None)
-    if ceiling is None:
-        from dashboard.worker_memory import MemoryCeiling
-
-        ceiling = worker.observatory_ceiling = MemoryCeiling(worker_private_mb, min_age=worker_min_age)
+    ceiling = worker.observatory_ceiling  # made in post_fork: its minimum age counts from the fork
     if worker.alive and ceiling.exceeded():
         worker.log.info("worker %s: %.0f MiB private memory, over %d: replaced after its requests",
                         worker.pid, ceiling.last_mib, worker_private_mb)
