@@ -65,20 +65,23 @@ def outbox_drain() -> dict[str, int]:
     """Drain the derivation outbox (after commits, and every few seconds by beat)."""
     from .outbox import outbox_drain_all
 
-    outcome = outbox_drain_all()
+    outcome = outbox_drain_all(wait=False)  # SQLite: a drainer at work already drains these
     return {"notes": outcome.notes, "failed": outcome.failed, "parked": outcome.parked}
 
 
 @shared_task(name="observatory.rollup_recent_hours")
 def rollup_recent_hours(hours_back: int = 3) -> int:
     """Beat, hourly: recompute the last few hours of every project, catching spans
-    linked late and anything a lost task missed."""
+    linked late and anything a lost task missed. On SQLite, between drainers' passes."""
+    from .outbox import drain_exclusive
+
     since = timezone.now() - timedelta(hours=hours_back)
     written = 0
-    for project_id in Project.objects.values_list("pk", flat=True):
-        links_refresh(project_id)
-        hours = derivations.hours_with_rows(project_id=project_id, since=since)
-        written += derivations.tool_rollups_refresh(project_id=project_id, hours=hours)
+    with drain_exclusive():
+        for project_id in Project.objects.values_list("pk", flat=True):
+            links_refresh(project_id)
+            hours = derivations.hours_with_rows(project_id=project_id, since=since)
+            written += derivations.tool_rollups_refresh(project_id=project_id, hours=hours)
     return written
 
 
@@ -91,12 +94,16 @@ def spans_partitions_maintain() -> list[str]:
 @shared_task(name="observatory.purge_expired")
 def purge_expired() -> dict[str, int]:
     """Beat, daily: the retention purge of every project, and spent log-in throttle rows.
-    On PostgreSQL the span days past every project's retention are dropped whole first."""
+    On PostgreSQL the span days past every project's retention are dropped whole first.
+    On SQLite, between drainers' passes (its deletes take the one write lock too)."""
+    from .outbox import drain_exclusive
+
     totals = {"span_partitions": len(partitions.spans_partitions_drop()),
               "spans": 0, "records": 0, "conversations": 0, "artifacts": 0}
-    for project in Project.objects.all():
-        outcome = services.retention_purge(project=project)
-        for name in ("spans", "records", "conversations", "artifacts"):
-            totals[name] += getattr(outcome, name)
+    with drain_exclusive():
+        for project in Project.objects.all():
+            outcome = services.retention_purge(project=project)
+            for name in ("spans", "records", "conversations", "artifacts"):
+                totals[name] += getattr(outcome, name)
     totals["login_throttles"] = login_throttle_purge()
     return totals

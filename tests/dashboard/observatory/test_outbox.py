@@ -221,3 +221,74 @@ def test_it_recomputes_a_busy_hour_at_most_once_an_interval(client, auth, record
     outbox.outbox_drain_all()
     assert ToolHourlyRollup.objects.get().calls == 2
     assert not DerivationNote.objects.exists()
+
+
+@pytest.fixture
+def sqlite_file(db):
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("one drainer at a time is SQLite's (PostgreSQL's passes write concurrently)")
+    return connection.settings_dict["NAME"]
+
+
+def test_on_sqlite_a_drainer_that_finds_another_at_work_leaves_the_notes_to_it(
+        client, auth, records, crash_after_commit, sqlite_file):
+    post(client, auth, [records.message(conversation="a")])
+    with outbox.drain_exclusive(wait=False) as mine:  # another drainer, here the test, at work
+        assert mine
+        assert outbox.outbox_drain_all(wait=False).notes == 0
+        assert DerivationNote.objects.count() == 1  # not claimed: nothing waits out a lease
+    assert outbox.outbox_drain_all(wait=False).notes == 1
+    assert Conversation.objects.get().messages == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the thread has its own connection
+def test_on_sqlite_a_waiting_drainer_drains_once_the_other_is_done(
+        client, auth, records, crash_after_commit, sqlite_file):
+    import threading
+
+    post(client, auth, [records.message(conversation="a")])
+    done: list[int] = []
+    with outbox.drain_exclusive():
+        waiting = threading.Thread(target=lambda: done.append(_drain_in_thread()))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and not done  # the lock is across threads too
+    waiting.join(10)
+    assert done == [1]
+
+
+def _drain_in_thread() -> int:
+    from django.db import connection
+
+    try:
+        return outbox.outbox_drain_all().notes
+    finally:
+        connection.close()
+
+
+def test_on_sqlite_a_killed_drainer_leaves_no_lock_behind(sqlite_file):
+    import signal
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n",
+         f"{sqlite_file}-derive.lock"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with outbox.drain_exclusive(wait=False) as mine:
+            assert not mine  # held by the other process
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        with outbox.drain_exclusive(wait=False) as mine:
+            assert mine  # the kernel let go of it with the process
+    finally:
+        holder.kill()
+        holder.wait(10)
