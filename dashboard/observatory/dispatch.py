@@ -45,9 +45,7 @@ class DerivationRunner:
         self._idle = threading.Event()
         self._idle.set()
         self._thread: threading.Thread | None = None
-        self._last_hourly: float = 0.0  # monotonic time of the last hourly pass
         self._next_checkpoint: float = 0.0  # monotonic time of the next try at truncating SQLite's log
-        self._last_purge_day: str | None = None
 
     def start(self) -> None:
         with self._lock:
@@ -93,7 +91,9 @@ class DerivationRunner:
             if woken:
                 time.sleep(self.delay_seconds)  # let a burst of batches pile up
             try:
-                outbox_drain_all(stop=self._stop)  # failures are contained per note there
+                # Failures are contained per note there. Another process draining (SQLite:
+                # one at a time) drains these notes too: no waiting for it here.
+                outbox_drain_all(stop=self._stop, wait=False)
                 left = notes_ready()
             except Exception:  # the database is away: the next poll tries again
                 logger.exception("draining the derivation outbox failed")
@@ -127,22 +127,37 @@ class DerivationRunner:
             logger.exception("closing the derivation thread's connections failed")
 
     def _beat(self) -> None:
-        from django.utils import timezone
-
         from . import tasks
 
-        now = time.monotonic()
-        if now - self._last_hourly >= 3600 or self._last_hourly == 0.0:
-            self._last_hourly = now
+        if _once_per("derive-hourly", 3600):
             try:
                 tasks.spans_partitions_maintain()
             except Exception:  # a lock not had in time: the next hour tries again
                 logger.exception("creating the spans' partitions ahead failed")
             tasks.rollup_recent_hours()
-        today = timezone.now().date().isoformat()
-        if self._last_purge_day != today:
-            self._last_purge_day = today
+        if _once_per("derive-daily", 86400):
             tasks.purge_expired()
+
+
+def _once_per(name: str, seconds: float) -> bool:
+    """True at most once per ``seconds`` for all the processes sharing DATA_DIR: the
+    last time is the modification time of the file ``name`` there. Kept per process
+    before, so every web worker ran the hourly pass (the last three hours' rollups
+    recomputed, every unlinked span of two days read) and the purge when it started:
+    in a soak each worker replaced for its memory did. Two processes starting at once
+    may both run it; both jobs are idempotent."""
+    marker = settings.DATA_DIR / name
+    try:
+        last = marker.stat().st_mtime
+    except OSError:
+        last = 0.0
+    if time.time() - last < seconds:
+        return False
+    try:
+        marker.touch()
+    except OSError:  # a read-only data directory: run, as each process did before
+        logger.warning("could not mark the time of %s in the data directory", name)
+    return True
 
 
 WAL_BUSY_MS = 250  # how long a checkpoint may wait for readers (writers wait meanwhile)

@@ -198,3 +198,24 @@ def test_stopping_ends_the_thread_after_the_pass_under_way(background, monkeypat
     assert time.monotonic() - stopping < 1.0
     assert not runner._thread.is_alive()
     assert len(passes) <= 2
+
+
+def test_the_hourly_and_daily_jobs_run_once_for_all_the_processes(settings, tmp_path):
+    """The time of the last run is a file in DATA_DIR, shared by the web workers: a worker
+    that starts (or replaces one) no longer reruns the hourly pass at once."""
+    import os
+
+    settings.DATA_DIR = tmp_path
+    assert dispatch._once_per("derive-hourly", 3600) is True
+    assert dispatch._once_per("derive-hourly", 3600) is False  # another worker, a moment later
+    assert dispatch._once_per("derive-daily", 86400) is True  # each job its own time
+    marker = tmp_path / "derive-hourly"
+    an_hour_ago = time.time() - 3601
+    os.utime(marker, (an_hour_ago, an_hour_ago))
+    assert dispatch._once_per("derive-hourly", 3600) is True
+
+
+def test_the_jobs_still_run_when_their_time_cannot_be_marked(settings, tmp_path):
+    settings.DATA_DIR = tmp_path / "missing"  # the marker cannot be written there
+    assert dispatch._once_per("derive-hourly", 3600) is True
+    assert dispatch._once_per("derive-hourly", 3600) is True  # unmarked: each process runs it, as before
