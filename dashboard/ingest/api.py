@@ -17,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from ninja import Router, Schema, Status
 from ninja.security.http import HttpAuthBase
 from pydantic import TypeAdapter
@@ -129,10 +130,12 @@ def post_records(request: HttpRequest) -> dict[str, Any]:
         items = _record_items(load_json(body, max_depth=RECORDS_JSON_DEPTH))
         memory_reserve(json_decode_cost(body), "the records")  # the validated models
         valid, rejected = records_validate(items)
+        received_from = timezone.now()  # before the rows are stamped received
         with ingest_transaction():
             outcome = records_store(project=project, records=valid)
             derivations_enqueue(
-                project_id=project.pk, conversation_ids=outcome.conversation_ids, hours=outcome.tool_hours
+                project_id=project.pk, conversation_ids=outcome.conversation_ids, hours=outcome.tool_hours,
+                rows_from=received_from,
             )
     return {"accepted": outcome.accepted, "duplicates": outcome.duplicates, "rejected": rejected}
 

@@ -124,7 +124,8 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
     links = [_links(span, resource_keys) for span in spans]
     # Built before the transaction: on SQLite it holds the write lock, so the
     # JSON encoding should not happen while the other workers wait for it.
-    rows = _rows(project.pk, spans, links, dj_timezone.now())
+    received_at = dj_timezone.now()
+    rows = _rows(project.pk, spans, links, received_at)
     # Traces already linked to a conversation by a stored span: read before the
     # transaction (on SQLite it holds the write lock), for the traces no span of
     # this batch names.
@@ -149,7 +150,8 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
         })
         if inserted and (tool_hours or traces or touched or any(_has_genai(span) for span in spans)):
             # Once per batch, after commit (robust there: never a 500 for a committed batch).
-            derivations_enqueue(project_id=project.pk, conversation_ids=touched, hours=tool_hours, trace_ids=traces)
+            derivations_enqueue(project_id=project.pk, conversation_ids=touched, hours=tool_hours, trace_ids=traces,
+                                rows_from=received_at)
     return StoredSpans(inserted, len(spans) - inserted, touched, linked)
 
 

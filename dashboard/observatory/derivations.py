@@ -24,6 +24,7 @@ from dashboard.priority import yield_to_pages
 
 from . import conventions, costs
 from .histogram import LATENCY_BUCKET_BOUNDS_MS, bucket_index, empty_histogram
+from .span_rows import received_window
 from .models import (
     Artifact,
     CompressionEvent,
@@ -452,6 +453,7 @@ def links_refresh(
     conversation_ids: Iterable[int] | None = None,
     artifact_ids: Iterable[str] | None = None,
     since: datetime | None = None,
+    until: datetime | None = None,
 ) -> dict[str, Any]:
     """Link what arrived recently and is still unlinked:
 
@@ -464,9 +466,9 @@ def links_refresh(
     - an artifact to the tool execution that names it, and its conversation.
 
     Scope: with ``conversation_ids`` (after a records batch) only the rows of those
-    conversations received since ``since`` (the outbox passes the time of its
-    oldest note, so a pass reads what its batches brought, not the conversations'
-    history) and the spans that share their tool calls or traces; with
+    conversations received from ``since`` to ``until`` (the outbox passes the times
+    of its notes' batches, so a pass reads what its batches brought, not the
+    conversations' history nor the batches of later notes) and the spans that share their tool calls or traces; with
     ``artifact_ids`` (after an upload) only those artifacts. Every query is then
     bounded by those ids and served by an index, so the work after a batch is
     proportional to the batch, not to the database. With neither (the hourly
@@ -490,10 +492,11 @@ def links_refresh(
     project_has_spans = Span.objects.filter(project_id=project_id).exists()
     unlinked_spans = Span.objects.filter(project_id=project_id, conversation__isnull=True)
 
+    received = received_window(since, until)
     if scoped:
         # toolexec_project_received: the rows these batches brought, not the conversations' history.
         executions_in_scope = ToolExecution.objects.filter(
-            project_id=project_id, received_at__gte=since, conversation_id__in=conversation_list)
+            project_id=project_id, conversation_id__in=conversation_list, **received)
     else:
         # toolexec_project_time; the beat only links executions (spans below by their own query)
         executions_in_scope = ToolExecution.objects.filter(
@@ -519,7 +522,7 @@ def links_refresh(
     if project_has_spans and conversation_list:
         # Traces a round record of these conversations describes (received in scope too).
         round_traces = set(
-            Round.objects.filter(project_id=project_id, conversation_id__in=conversation_list, received_at__gte=since)
+            Round.objects.filter(project_id=project_id, conversation_id__in=conversation_list, **received)
             .exclude(trace_id="").values_list("trace_id", flat=True)
         )
         _spans_link(project_id, _spans_by_calls_or_traces(unlinked_spans, set(), round_traces), counts, gained,

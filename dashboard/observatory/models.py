@@ -620,7 +620,11 @@ class DerivationNote(models.Model):
     hours = models.JSONField(default=list)  # ISO starts of hours
     artifact_ids = models.JSONField(default=list)
     trace_ids = models.JSONField(default=list)  # traces whose spans to link to their conversation
-    created_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)  # after its rows were stored
+    # Before its rows were stamped received (the ingest request's time): a pass reads the
+    # rows received from the earliest of its notes to the latest's created_at. Empty for
+    # notes not written by an ingest request: from created_at less ROWS_BEFORE_NOTE.
+    rows_from = models.DateTimeField(null=True, blank=True)
     available_at = models.DateTimeField(default=timezone.now)  # not drained before (backoff)
     claimed_until = models.DateTimeField(null=True, blank=True)  # a drainer's lease
     attempts = models.PositiveIntegerField(default=0)

@@ -7,8 +7,8 @@ notes under a short lease (``SELECT … FOR UPDATE SKIP LOCKED`` on PostgreSQL; 
 SQLite the claiming transaction holds the write lock, and one drainer at a time
 derives: ``drain_exclusive``), merges them per project so a burst of batches
 costs one pass, runs the idempotent derivations, and deletes the notes. A drainer that dies mid-pass leaves its notes to be claimed again when the
-lease ends. A pass reads what its notes' batches brought (the link pass: the rows
-received since its oldest note), not the conversations' history, and recomputes an
+lease ends. A pass reads what its notes' batches brought (the rows received from
+its earliest batch to its latest: ``_rows_window``), not the conversations' history, and recomputes an
 hour's tool rollups at most once per OBSERVATORY_ROLLUP_INTERVAL_SECONDS, leaving a
 note due then for the hours it did not (a recompute reads the whole hour).
 
@@ -52,7 +52,11 @@ NOTE_BATCH = 500  # notes one pass claims
 LEASE = timedelta(seconds=30)  # a pass takes well under this; past it another drainer may take over
 # How long before its note a batch's rows may have been received (the ingest
 # transaction between them waits at most the database's busy timeout); generous.
+# Only for notes without rows_from (not written by an ingest request).
 ROWS_BEFORE_NOTE = timedelta(seconds=60)
+# Rows and notes are stamped by the same clock in the same request; this absorbs a
+# small step of it (NTP) between the two.
+CLOCK_SLACK = timedelta(seconds=1)
 MAX_ATTEMPTS = 5
 ERROR_LENGTH = 2000
 
@@ -66,9 +70,10 @@ class DrainOutcome:
 
 def note_write(
     *, project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str],
-    trace_ids: list[str] = (),
+    trace_ids: list[str] = (), rows_from: datetime | None = None,
 ) -> None:
-    """Record work to derive; call it inside the transaction that stores the rows.
+    """Record work to derive; call it inside the transaction that stores the rows
+    (``rows_from``: a time taken before they were stamped received).
 
     One hand-written INSERT (values prepared by the model's fields, so each
     database gets what the ORM would send): every ingest request with something
@@ -76,7 +81,8 @@ def note_write(
     now = timezone.now()
     values = {
         "project_id": project_id, "conversation_ids": conversation_ids, "hours": hours,
-        "artifact_ids": artifact_ids, "trace_ids": list(trace_ids), "created_at": now, "available_at": now,
+        "artifact_ids": artifact_ids, "trace_ids": list(trace_ids), "created_at": now, "rows_from": rows_from,
+        "available_at": now,
         "claimed_until": None, "attempts": 0, "last_error": "", "parked": False,
     }
     connection = connections[router.db_for_write(DerivationNote)]
@@ -214,7 +220,9 @@ def notes_retry(*, ids: Iterable[int]) -> int:
     )
 
 
-def _merged(notes: list[DerivationNote]) -> tuple[list[int], list[str], list[str], list[str], datetime]:
+def _merged(
+    notes: list[DerivationNote],
+) -> tuple[list[int], list[str], list[str], list[str], datetime, datetime]:
     conversations: set[int] = set()
     hours: set[str] = set()
     artifacts: set[str] = set()
@@ -224,15 +232,30 @@ def _merged(notes: list[DerivationNote]) -> tuple[list[int], list[str], list[str
         hours.update(note.hours)
         artifacts.update(note.artifact_ids)
         traces.update(note.trace_ids)
-    # The rows of a note's batch were received before the note was written, in its
-    # transaction: the link pass reads the rows received since then (less ROWS_BEFORE_NOTE).
-    since = min(note.created_at for note in notes) - ROWS_BEFORE_NOTE
-    return sorted(conversations), sorted(hours), sorted(artifacts), sorted(traces), since
+    since, until = _rows_window(notes)
+    return sorted(conversations), sorted(hours), sorted(artifacts), sorted(traces), since, until
+
+
+def _rows_window(notes: list[DerivationNote]) -> tuple[datetime, datetime]:
+    """When the rows of these notes' batches were received: from the earliest
+    ``rows_from`` (for a note without one, its created_at less ROWS_BEFORE_NOTE) to
+    the latest created_at (a note is written after its rows, in their transaction).
+
+    Both ends matter. Without the upper one, a pass behind a backlog read every row
+    received up to now, so the further behind, the slower each pass: after a
+    16-minute soak one drainer sat on a pass of 500 notes reading 16 minutes of
+    rows, and 30,171 notes did not move in three minutes. Rows received later belong
+    to later notes. Without ``rows_from`` each pass read the 60 s before its notes
+    again. Notes about hours alone (rollups due later) say nothing about rows."""
+    about_rows = [note for note in notes if note.conversation_ids or note.trace_ids] or notes
+    since = min(note.rows_from - CLOCK_SLACK if note.rows_from else note.created_at - ROWS_BEFORE_NOTE
+                for note in about_rows)
+    return since, max(note.created_at for note in about_rows) + CLOCK_SLACK
 
 
 def _derive(
     project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str], trace_ids: list[str] = (),
-    since: datetime | None = None,
+    since: datetime | None = None, until: datetime | None = None,
 ) -> None:
     from . import derivations, span_rows, tasks
 
@@ -248,14 +271,14 @@ def _derive(
         # spans to; the others get theirs here, so no conversation is derived twice.
         linked = set(tasks.links_refresh(
             project_id, conversation_ids, since=since.isoformat() if since else None,
-            trace_ids=sorted(linked_traces))["conversation_ids"])
+            until=until.isoformat() if until else None, trace_ids=sorted(linked_traces))["conversation_ids"])
         rest = [conversation for conversation in conversation_ids if conversation not in linked]
         if rest:
             # Rounds, messages and tool executions from model-call and tool spans.
-            # Only what these notes' batches brought: the spans received since, and the
-            # spans of the traces linked above (late spans, whenever received).
+            # Only what these notes' batches brought: the spans received between since and
+            # until, and the spans of the traces linked above (late spans, whenever received).
             derived_hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=rest, since=since,
-                                                       trace_ids=sorted(linked_traces))
+                                                       until=until, trace_ids=sorted(linked_traces))
             hours = sorted(set(hours) | {hour.isoformat() for hour in derived_hours})
             tasks.conversation_totals_refresh(rest)
     if hours:
@@ -307,7 +330,8 @@ def _failed(note: DerivationNote, exc: Exception, outcome: DrainOutcome) -> None
         with transaction.atomic():
             DerivationNote.objects.bulk_create(
                 DerivationNote(project_id=note.project_id, attempts=note.attempts, last_error=error,
-                               created_at=note.created_at, **item)  # its rows' time: see _merged
+                               created_at=note.created_at, rows_from=note.rows_from,
+                               **item)  # its rows' time: see _rows_window
                 for item in items
             )
             note.delete()

@@ -421,12 +421,15 @@ def derivations_enqueue(
     hours: Iterable[datetime] = (),
     artifact_ids: Iterable[str] = (),
     trace_ids: Iterable[str] = (),
+    rows_from: datetime | None = None,
 ) -> None:
     """Record the derivations a write needs: conversation totals, hourly tool
     rollups, links between spans, records and artifacts, traces whose spans to link. Records, OTLP spans and
     artifact uploads all come here, inside the transaction that stores their rows:
     the note (observatory.outbox) commits with them or not at all, so a crash never
-    loses derivations of acknowledged rows. After the commit the drainer is told."""
+    loses derivations of acknowledged rows. After the commit the drainer is told.
+    ``rows_from``: a time taken before the rows were stamped received (their
+    derivation then reads the rows received from it, nothing earlier)."""
     from .dispatch import notify
     from .outbox import note_write
 
@@ -437,7 +440,7 @@ def derivations_enqueue(
     if not conversation_list and not hour_list and not artifact_list and not trace_list:
         return
     note_write(project_id=project_id, conversation_ids=conversation_list, hours=hour_list, artifact_ids=artifact_list,
-               trace_ids=trace_list)
+               trace_ids=trace_list, rows_from=rows_from)
     # robust: the batch and its note are committed; a failing notification (broker
     # down, an eager task error) is logged and the note drained by the next poll.
     transaction.on_commit(notify, robust=True)

@@ -15,10 +15,10 @@ that a record arrives for later is deleted (the record takes over its span link)
 so nothing is counted twice.
 
 Incremental: a pass after batches asks the database for the model-call and tool
-spans (the ``operation`` column, set at ingest) received since its notes, and those
+spans (the ``operation`` column, set at ingest) received with its notes' batches, and those
 of the traces linked late, that no row derives from yet, and loads the attributes
 of only those, in chunks; what it reads besides (derived rows a record received
-since then describes, call ids already held) is limited to what those name.
+with them describes, call ids already held) is limited to what those name.
 """
 
 from __future__ import annotations
@@ -50,15 +50,15 @@ def record_id(project_id: int, trace_id: str, span_id: str, what: str) -> uuid.U
 
 def span_rows_derive(
     *, project_id: int, conversation_ids: Iterable[int], since: datetime | None = None,
-    trace_ids: Iterable[str] = (),
+    trace_ids: Iterable[str] = (), until: datetime | None = None,
 ) -> set[datetime]:
     """Derive what is new in these conversations; returns the hours whose tool
     rollups changed (new or removed tool executions).
 
-    With ``since`` (after batches: the outbox's oldest note, less its margin) the
-    candidates are the conversations' spans received since then and their spans in
-    ``trace_ids`` (spans linked late, whenever received), and only records received
-    since then can take over derived rows: the work is what the batches brought,
+    With ``since`` and ``until`` (after batches: when the outbox's notes' batches were
+    received) the candidates are the conversations' spans received between them and
+    their spans in ``trace_ids`` (spans linked late, whenever received), and only
+    records received between them can take over derived rows: the work is what the batches brought,
     never a long conversation's history. Without it (a rebuild, the hourly beat)
     every span of the conversations that no row derives from yet.
 
@@ -67,9 +67,18 @@ def span_rows_derive(
     ids = sorted(set(conversation_ids))
     traces = sorted({trace for trace in trace_ids if trace})
     hours: set[datetime] = set()
+    received = received_window(since, until)
     for start in range(0, len(ids), CHUNK):
-        hours |= _conversations(project_id, ids[start:start + CHUNK], since, traces)
+        hours |= _conversations(project_id, ids[start:start + CHUNK], received, traces)
     return hours
+
+
+def received_window(since: datetime | None, until: datetime | None) -> dict[str, datetime] | None:
+    """The filter on received_at for the rows some batches brought (``until``
+    optional); None without ``since``: every row."""
+    if since is None:
+        return None
+    return {"received_at__gte": since, **({"received_at__lte": until} if until else {})}
 
 
 def _hour(moment: datetime) -> datetime:
@@ -81,7 +90,7 @@ def _hour(moment: datetime) -> datetime:
 CANDIDATES = 1_000  # candidate spans read, and derived in one transaction, at a time
 
 
-def _candidate_queries(project_id: int, ids: list[int], operation: str, since: datetime | None,
+def _candidate_queries(project_id: int, ids: list[int], operation: str, received: dict[str, datetime] | None,
                        traces: list[str]) -> list[Any]:
     """Queries for the spans of this operation that no row derives from yet: the
     database leaves out a tool span that a tool execution (derived, or a record's)
@@ -93,22 +102,22 @@ def _candidate_queries(project_id: int, ids: list[int], operation: str, since: d
     else:
         has_tool_row = ToolExecution.objects.filter(linked_span_id=OuterRef("pk"))
         pending = Span.objects.filter(conversation_id__in=ids, operation=EXECUTE_TOOL).exclude(Exists(has_tool_row))
-    if since is None:
+    if received is None:
         return [pending]
     # span_derivable_received (its condition repeated so that any planner uses it),
     # and the unique (project, trace_id, …) index for the linked traces.
-    queries = [pending.filter(received_at__gte=since).exclude(operation="")]
+    queries = [pending.filter(**received).exclude(operation="")]
     for start in range(0, len(traces), CHUNK):
         queries.append(pending.filter(project_id=project_id, trace_id__in=traces[start:start + CHUNK]))
     return queries
 
 
-def _candidate_chunks(project_id: int, ids: list[int], operation: str, since: datetime | None,
+def _candidate_chunks(project_id: int, ids: list[int], operation: str, received: dict[str, datetime] | None,
                       traces: list[str]) -> Iterator[list[tuple]]:
     """(pk, trace_id, tool_call_id) of the candidates, at most CANDIDATES a list, each
     query walked in (start_time, id) order past the last one read. A span several
     queries find comes once per query: deriving it twice inserts nothing twice."""
-    for query in _candidate_queries(project_id, ids, operation, since, traces):
+    for query in _candidate_queries(project_id, ids, operation, received, traces):
         after = None
         while True:
             page = query if after is None else query.filter(
@@ -122,17 +131,18 @@ def _candidate_chunks(project_id: int, ids: list[int], operation: str, since: da
             after = (rows[-1][3], rows[-1][0])
 
 
-def _conversations(project_id: int, ids: list[int], since: datetime | None, traces: list[str]) -> set[datetime]:
+def _conversations(project_id: int, ids: list[int], received: dict[str, datetime] | None,
+                   traces: list[str]) -> set[datetime]:
     hours: set[datetime] = set()
     with transaction.atomic():
-        _records_win(project_id, ids, hours, since)
+        _records_win(project_id, ids, hours, received)
     # Candidates are read before each transaction (on SQLite it holds the write lock),
     # at most CANDIDATES of each operation; each transaction is whole: the rounds it
     # adds are numbered in it and its tool executions get their rounds in it (a later
     # page's round is given to the executions waiting for it by _assign_rounds there).
     calls_by = None  # what the derived rounds asked for: read again only after a page adds rounds
-    for chats, tools in _paired(_candidate_chunks(project_id, ids, CHAT, since, traces),
-                                _candidate_chunks(project_id, ids, EXECUTE_TOOL, since, traces)):
+    for chats, tools in _paired(_candidate_chunks(project_id, ids, CHAT, received, traces),
+                                _candidate_chunks(project_id, ids, EXECUTE_TOOL, received, traces)):
         record_traces = set(
             Round.objects.filter(project_id=project_id, trace_id__in={trace for _, trace, _ in chats},
                                  source=Source.RECORD).values_list("trace_id", flat=True)
@@ -197,23 +207,24 @@ def _user_from_naming_spans(ids: list[int]) -> None:
 
 # --- a pipeline record wins -------------------------------------------------------------
 
-def _records_win(project_id: int, ids: list[int], hours: set[datetime], since: datetime | None) -> None:
+def _records_win(project_id: int, ids: list[int], hours: set[datetime],
+                 received: dict[str, datetime] | None) -> None:
     """Derived rounds of a trace a round record now describes, and derived tool
     executions of a call a record now holds, give way to the records. With
-    ``since`` only records received since then are looked at (a record received
+    ``received`` only records received in that window are looked at (a record received
     before a span is derived keeps the row from being made at all)."""
     record_rounds = Round.objects.filter(project_id=project_id, source=Source.RECORD)
     records = ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD)
     spans_rounds = Round.objects.filter(conversation_id__in=ids, source=Source.SPAN).exclude(trace_id="")
     derived = ToolExecution.objects.filter(conversation_id__in=ids, source=Source.SPAN).exclude(tool_call_id="")
-    if since is None:
+    if received is None:
         # Found by the database: only those, never all of a conversation's rounds.
         doomed = [spans_rounds.filter(Exists(record_rounds.filter(trace_id=OuterRef("trace_id"))))]
         described = [derived.filter(Exists(records.filter(tool_call_id=OuterRef("tool_call_id"))))]
     else:
         # The records these batches brought (toolexec_project_received), then the
         # derived rows they name, CHUNK names a query.
-        fresh = {"conversation_id__in": ids, "received_at__gte": since}
+        fresh = {"conversation_id__in": ids, **received}
         traces = sorted(set(record_rounds.filter(**fresh).exclude(trace_id="").values_list("trace_id", flat=True)))
         calls = sorted(set(records.filter(**fresh).exclude(tool_call_id="").values_list("tool_call_id", flat=True)))
         doomed = [spans_rounds.filter(trace_id__in=traces[i:i + CHUNK]) for i in range(0, len(traces), CHUNK)]

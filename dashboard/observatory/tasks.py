@@ -32,22 +32,26 @@ def tool_rollups_refresh(project_id: int, hours: list[str]) -> int:
 @shared_task(name="observatory.links_refresh")
 def links_refresh(
     project_id: int, conversation_ids: list[int] | None = None, artifact_ids: list[str] | None = None,
-    since: str | None = None, trace_ids: list[str] | None = None,
+    since: str | None = None, trace_ids: list[str] | None = None, until: str | None = None,
 ) -> dict[str, Any]:
     """Without ids: everything unlinked of the last two days (the beat's pass).
-    ``since`` (ISO time, JSON-safe for the broker): with ``conversation_ids``, only
-    their rows received since then (the outbox gives its oldest note's time).
+    ``since`` and ``until`` (ISO times, JSON-safe for the broker): with
+    ``conversation_ids``, only their rows received between them (the outbox gives
+    the times of its notes' batches).
     ``trace_ids``: traces whose spans were linked late before this (their spans
     are derived from whenever they were received)."""
     since_time = datetime.fromisoformat(since) if since else None
+    until_time = datetime.fromisoformat(until) if until else None
     counts = derivations.links_refresh(
         project_id=project_id, conversation_ids=conversation_ids, artifact_ids=artifact_ids, since=since_time,
+        until=until_time,
     )
     if counts["conversation_ids"]:
         # Spans that just joined a conversation may be model or tool calls: their rows first
         # (after a batch: the spans received since, and those of the traces just linked).
         hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=counts["conversation_ids"],
-                                           since=since_time, trace_ids=[*counts["trace_ids"], *(trace_ids or ())])
+                                           since=since_time, until=until_time,
+                                           trace_ids=[*counts["trace_ids"], *(trace_ids or ())])
         derivations.conversation_totals_refresh(conversation_ids=counts["conversation_ids"])
         if hours:
             derivations.tool_rollups_refresh(project_id=project_id, hours=hours)

@@ -601,3 +601,14 @@ def test_it_links_a_plain_span_days_after_its_trace_was_named_at_ingest(client, 
     assert post(client, later.SerializeToString(), auth).status_code == 200
     late = Span.objects.get(project=project, span_id=f"{200:016x}")
     assert late.conversation.external_id == "c-days"
+
+
+def test_its_note_holds_when_the_batchs_spans_were_received(client, auth, project, monkeypatch):
+    from dashboard.observatory import dispatch
+
+    monkeypatch.setattr(dispatch, "notify", lambda: None)  # the note stays to be read
+    response = post(client, make_request(2, attributes=genai(gen_ai__conversation__id="c1")).SerializeToString(), auth)
+    assert response.status_code == 200
+    note = DerivationNote.objects.get(project=project)
+    received = set(Span.objects.filter(project=project).values_list("received_at", flat=True))
+    assert received == {note.rows_from} and note.rows_from <= note.created_at

@@ -242,16 +242,18 @@ def test_it_tests_each_trace_for_errors_through_the_partial_error_index(project)
 
 
 def test_it_finds_a_batchs_spans_to_derive_through_the_partial_received_index(project):
-    """The span-row pass after a batch reads the spans received since its notes, not
-    every span of a long conversation (span_derivable_received)."""
+    """The span-row pass after a batch reads the spans received with its notes' batches,
+    not every span of a long conversation (span_derivable_received, both ends)."""
     from dashboard.observatory import span_rows
 
     conversation = Conversation.objects.create(project=project, external_id="c")
     span(project, 1, conversation=conversation, operation="execute_tool", tool_name="search")
     span(project, 2, conversation=conversation)
+    received_at = datetime.now(timezone.utc)  # the spans' (their default)
     (received, *by_trace) = span_rows._candidate_queries(
         project.pk, list(range(conversation.pk, conversation.pk + MANY)), "execute_tool",
-        NOW - timedelta(minutes=1), ["a" * 32])
+        span_rows.received_window(received_at - timedelta(minutes=1), received_at + timedelta(minutes=1)),
+        ["a" * 32])
     assert index_used(received, "span_derivable_received"), plan_of(received)
     assert list(received.values_list("span_id", flat=True)) == [f"{1:016x}"]
     assert len(by_trace) == 1

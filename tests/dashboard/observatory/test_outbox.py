@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from dashboard.observatory import outbox, tasks
@@ -198,8 +199,67 @@ def test_it_keeps_the_time_of_a_split_note_so_its_rows_stay_in_scope(
     post(client, auth, [records.message(conversation="a"), records.message(conversation="b")])
     written = DerivationNote.objects.get().created_at
     monkeypatch.setattr(tasks, "conversation_totals_refresh", lambda ids: 1 / 0)
+    rows_from = DerivationNote.objects.get().rows_from
     outbox.outbox_drain()  # the merged pass fails: the note is split, one per conversation
     assert sorted(DerivationNote.objects.values_list("created_at", flat=True)) == [written, written]
+    assert list(DerivationNote.objects.values_list("rows_from", flat=True)) == [rows_from, rows_from]
+
+
+def test_a_note_holds_when_its_batchs_rows_were_received(client, auth, records, crash_after_commit):
+    post(client, auth, [records.tool_result(conversation="a"), records.message(conversation="a")])
+    from dashboard.observatory.models import Message, ToolExecution
+
+    note = DerivationNote.objects.get()
+    received = [*ToolExecution.objects.values_list("received_at", flat=True),
+                *Message.objects.values_list("received_at", flat=True)]
+    assert note.rows_from <= min(received) and max(received) <= note.created_at
+
+
+def test_a_pass_reads_the_rows_of_its_own_batches_not_those_before_or_after(
+        client, auth, records, crash_after_commit, monkeypatch):
+    """The window is exact at both ends: no row of a later note's batch (behind a
+    backlog, every row up to now was read again by each pass), and none received
+    before its batch (each pass read the 60 s before its notes again)."""
+    from dashboard.observatory import derivations
+    from dashboard.observatory.models import Span, ToolExecution
+
+    post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_before"})])
+    now = timezone.now()  # a span of the project (the link step runs only when there are spans)
+    Span.objects.create(project_id=Conversation.objects.get().project_id, trace_id="f" * 32, span_id="f" * 16,
+                        start_time=now, end_time=now)
+    outbox.outbox_drain_all()
+    ToolExecution.objects.update(received_at=timezone.now() - timedelta(seconds=10))  # within the old margin
+    post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_1"})])
+    (first,) = DerivationNote.objects.all()
+    earlier = timedelta(seconds=5)  # the first batch came 5 s before the second
+    ToolExecution.objects.filter(tool_call_id="call_1").update(received_at=F("received_at") - earlier)
+    DerivationNote.objects.update(created_at=F("created_at") - earlier, rows_from=F("rows_from") - earlier)
+    first.refresh_from_db()
+    post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_2"})])
+    read: list[int] = []
+    real = derivations._executions_link
+
+    def recording(project_id, in_scope, counts):
+        read.extend(row[0] for row in in_scope)
+        return real(project_id, in_scope, counts)
+
+    monkeypatch.setattr(derivations, "_executions_link", recording)
+    outbox._derive(first.project_id, *outbox._merged([first]))  # the first note's pass alone
+    assert read == [ToolExecution.objects.get(tool_call_id="call_1").pk]
+    first.delete()
+    read.clear()
+    outbox.outbox_drain_all()  # the second note's pass
+    assert read == [ToolExecution.objects.get(tool_call_id="call_2").pk]
+    assert Conversation.objects.get().tool_calls == 3
+
+
+def test_the_window_of_notes_without_rows_from_keeps_the_margin_and_ignores_hour_notes(project):
+    now = timezone.now()
+    batch = DerivationNote(project=project, conversation_ids=[1], created_at=now, rows_from=now - timedelta(seconds=2))
+    older = DerivationNote(project=project, conversation_ids=[2], created_at=now - timedelta(seconds=30))
+    hours = DerivationNote(project=project, hours=["2026-11-26T05:00:00+00:00"], created_at=now + timedelta(hours=1))
+    assert outbox._rows_window([batch, hours]) == (batch.rows_from - outbox.CLOCK_SLACK, now + outbox.CLOCK_SLACK)
+    assert outbox._rows_window([batch, older])[0] == older.created_at - outbox.ROWS_BEFORE_NOTE
 
 
 def test_it_recomputes_a_busy_hour_at_most_once_an_interval(client, auth, records, crash_after_commit, settings):
