@@ -18,7 +18,8 @@ Every --window seconds a line: spans and records stored per second in the window
 (from the database), what the agents had acknowledged, the server's RSS and PSS
 (master + workers), page p95, and the derivation lag: for each acknowledged record batch,
 the seconds until its conversation's stored tool-call total covered it (p95 and
-max over the batches that became visible in the window). After the load: the
+max over the batches that became visible in the window and, as their age so far,
+those not visible yet), and the derivation notes waiting. After the load: the
 seconds until rollups and links agree with the rows (benchmarks.load.divergence).
 
 Targets: lag p95 < 10 s, PSS < 400 MB and flat over the hour (the last window
@@ -91,6 +92,13 @@ class LagTracker:
     def window(self, since: float) -> list[float]:
         return [lag for at, lag in self.lags if at >= since]
 
+    def waiting(self, now: float) -> list[float]:
+        """The ages of the batches not visible yet: each lag is at least that. They
+        count in the figures, or a batch that never became visible would drop out
+        of them (a run with 30,000 notes stuck showed a lag p95 of 1.9 s)."""
+        return [now - times[index] for conversation, (times, _) in self.cumulative.items()
+                for index in range(self.visible_upto[conversation], len(times))]
+
 
 def stored_counts(project_id: int) -> tuple[int, int]:
     """Rows stored so far, from the highest ids (a COUNT(*) of millions of rows
@@ -102,6 +110,12 @@ def stored_counts(project_id: int) -> tuple[int, int]:
     spans = Span.objects.filter(project_id=project_id).aggregate(n=Max("id"))["n"] or 0
     records = ToolExecution.objects.filter(project_id=project_id).aggregate(n=Max("id"))["n"] or 0
     return spans, records
+
+
+def notes_waiting() -> int:
+    from dashboard.observatory.models import DerivationNote
+
+    return DerivationNote.objects.count()
 
 
 def run(args: argparse.Namespace) -> None:
@@ -145,7 +159,7 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
     print(f"{args.agents} agents offering {args.rate:,.0f} spans/s (one in {args.tool_every} a tool span) in batches of {BATCH_SIZES} + 50 records "
           f"every 4 batches, for {args.seconds / 60:.0f} min on {args.db}; a line every {args.window:.0f} s", flush=True)
     print(f"{'min':>5} {'spans/s':>8} {'records/s':>9} {'acked spans':>12} {'RSS MB':>7} {'PSS MB':>7} {'page p95':>9} "
-          f"{'lag p95':>8} {'lag max':>8}", flush=True)
+          f"{'lag p95':>8} {'lag max':>8} {'notes':>6}", flush=True)
     started = time.time()
     window_start, last = started, stored_counts(project.pk)
     rss_by_window, pss_by_window, lag_all = [], [], []
@@ -158,8 +172,9 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
                 now = time.time()
                 counts = stored_counts(project.pk)
                 seconds = now - window_start
-                lags = lag.window(window_start)
-                lag_all.extend(lags)
+                visible = lag.window(window_start)
+                lag_all.extend(visible)
+                lags = visible + lag.waiting(now)
                 page_times = reader.times[:]
                 reader.times.clear()
                 rss = max((value for at, value in sampler.samples if at >= window_start), default=0.0)
@@ -169,12 +184,13 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
                       f"{(counts[1] - last[1]) / seconds:>9.0f} {len(acknowledged.span_ids):>12,} {rss:>7.0f} "
                       f"{pss_by_window[-1]:>7.0f} "
                       f"{percentile(page_times, 95) * 1000:>7.0f}ms {percentile(lags, 95):>7.1f}s "
-                      f"{max(lags, default=float('nan')):>7.1f}s", flush=True)
+                      f"{max(lags, default=float('nan')):>7.1f}s {notes_waiting():>6}", flush=True)
                 window_start, last = now, counts
     finally:
         stop.set()
         for thread in threads:
             thread.join(timeout=60)
+    lag_all.extend(lag.waiting(time.time()))  # still not visible when the load ended
     converged, off = wait_until_converged(project.pk, timeout=args.converge_timeout, report=args.window / 4)
     stop_watch.set()
     watcher.join()
