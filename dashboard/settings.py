@@ -209,6 +209,10 @@ OBSERVATORY_DERIVE_DELAY_MS = env.env_int("OBSERVATORY_DERIVE_DELAY_MS", 500, mi
 # First wait before a failed derivation note is tried again (then doubling, parked after 5 tries).
 OBSERVATORY_DERIVE_RETRY_SECONDS = env.env_int("OBSERVATORY_DERIVE_RETRY_SECONDS", 2, minimum=0)
 OBSERVATORY_DERIVE_INLINE = env.env_bool("OBSERVATORY_DERIVE_INLINE", env.running_tests())
+# Ingest answers 429 (Retry-After) while the oldest derivation note due has waited
+# longer than this and a drainer is at work: ingest is slowed to what the derivations
+# keep up with, so the lag stays bounded. 0 turns it off.
+OBSERVATORY_DERIVE_BACKLOG_SECONDS = env.env_int("OBSERVATORY_DERIVE_BACKLOG_SECONDS", 10, minimum=0)
 # An hour's tool rollups are recomputed from its rows at most once in this many
 # seconds by the outbox (the notes in between wait for it); 0 recomputes after every
 # pass (the inline mode of the tests, where each batch is derived before the answer).

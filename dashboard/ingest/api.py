@@ -32,6 +32,7 @@ from .common import (
     GunzipReader,
     IngestError,
     authenticate,
+    derivations_keep_up,
     ingest_gate,
     json_decode_cost,
     load_json,
@@ -122,6 +123,7 @@ def post_records(request: HttpRequest) -> dict[str, Any]:
     if (request.content_type or "").lower() != "application/json":
         raise IngestError(415, "send the records as application/json")
     with ingest_gate():
+        derivations_keep_up()
         body = read_body(
             request,
             max_bytes=settings.OBSERVATORY_MAX_BODY_BYTES,

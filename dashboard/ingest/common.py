@@ -531,6 +531,8 @@ def error_response(
 # --- load -------------------------------------------------------------------------
 
 GATE_WAIT = 0.1  # seconds a request waits for a place in a full ingest gate
+BACKLOG_READ_EVERY = 1.0  # seconds a process reuses what it read of the derivations' backlog
+BACKLOG_RETRY_AFTER = 2  # seconds
 _gate_free = threading.Condition()
 _gate_in_use = 0
 _gate_waiting = 0  # requests waiting for a place (so a release without waiters notifies nobody)
@@ -584,6 +586,40 @@ def ingest_gate() -> Iterator[None]:
             _gate_in_use -= 1
             if _gate_waiting:
                 _gate_free.notify()
+
+
+_backlog_lock = threading.Lock()
+_backlog_read = (float("-inf"), 0.0)  # (monotonic time read, seconds behind)
+
+
+def derivations_keep_up() -> None:
+    """Refuse a batch (429, Retry-After) while the derivations are more than
+    OBSERVATORY_DERIVE_BACKLOG_SECONDS behind. Called after the key is checked,
+    before the body is read.
+
+    Ingest can store spans faster than one drainer derives them: on SQLite, in a
+    16-minute soak offering 20,000 spans/s, the server stored 10,000-13,000 a
+    second while the notes waiting grew without end (30,171 at the end, nothing
+    converged minutes later), and a page showed conversations minutes old. Slowed
+    to what the derivations keep up with, exporters hold and resend their batches
+    (nothing acknowledged is lost), and the lag stays about this bound. The
+    backlog is read at most once every BACKLOG_READ_EVERY seconds per process.
+    """
+    global _backlog_read
+    limit = settings.OBSERVATORY_DERIVE_BACKLOG_SECONDS
+    if limit <= 0:
+        return
+    now = time.monotonic()
+    with _backlog_lock:
+        read_at, behind = _backlog_read
+        if now - read_at >= BACKLOG_READ_EVERY:
+            from dashboard.observatory.outbox import backlog_seconds
+
+            behind = backlog_seconds()
+            _backlog_read = (now, behind)
+    if behind > limit:
+        raise IngestError(429, f"derivations are {behind:.0f} s behind; send again later",
+                          retry_after=BACKLOG_RETRY_AFTER)
 
 
 def memory_reserve(nbytes: int, what: str) -> None:

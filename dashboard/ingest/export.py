@@ -18,7 +18,7 @@ from typing import Any, Callable
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from .common import IngestError, authenticate_header, ingest_gate
+from .common import IngestError, authenticate_header, derivations_keep_up, ingest_gate
 from .logs import logs_store
 from .otlp import JSON, OtlpDecodeError, OtlpTooManySpans, decode_request
 from .otlp_logs import OtlpTooManyLogs, decode_logs_request
@@ -75,6 +75,7 @@ def otlp_export(*, signal: str, authorization: str, read_body: Callable[[], byte
     """
     with ingest_gate():
         project, _ = authenticate_header(authorization)
+        derivations_keep_up()
         body = read_body()
         if signal == TRACES:
             batch = _decoded(decode_request, body, content_type, OtlpTooManySpans)

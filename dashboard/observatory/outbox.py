@@ -39,7 +39,7 @@ from typing import Iterable, Iterator
 
 from django.conf import settings
 from django.db import OperationalError, connections, router, transaction
-from django.db.models import F, Q
+from django.db.models import F, Min, Q
 from django.utils import timezone
 
 from dashboard.priority import yield_to_pages
@@ -115,6 +115,19 @@ def _ready(now) -> Q:
 
 def notes_ready() -> bool:
     return DerivationNote.objects.filter(_ready(timezone.now())).exists()
+
+
+def backlog_seconds() -> float:
+    """How long the oldest note due has waited, while a drainer is at work (one
+    holds a lease); 0 when none is: then nothing derives (no runner, the Celery
+    workers down), and slowing ingest down would not help. Two queries on the
+    ``note_ready`` index and the small notes table."""
+    now = timezone.now()
+    oldest = DerivationNote.objects.filter(parked=False, available_at__lte=now).aggregate(
+        oldest=Min("available_at"))["oldest"]
+    if oldest is None or not DerivationNote.objects.filter(claimed_until__gt=now).exists():
+        return 0.0
+    return (now - oldest).total_seconds()
 
 
 def notes_claim(*, limit: int = NOTE_BATCH) -> list[DerivationNote]:
