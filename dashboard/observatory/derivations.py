@@ -80,6 +80,7 @@ def conversation_totals_refresh(*, conversation_ids: Iterable[int]) -> int:
 
     began = timezone.now()
     conversations, round_updates, pricing = _conversation_totals_read(ids)
+    yield_to_pages()
     with transaction.atomic():
         current = {
             row["pk"]: row for row in Conversation.objects.select_for_update().filter(pk__in=ids).order_by("pk")

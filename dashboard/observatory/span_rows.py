@@ -33,6 +33,8 @@ from typing import Any, Iterable, Iterator
 from django.db import transaction
 from django.db.models import Exists, Max, OuterRef, Q
 
+from dashboard.priority import yield_to_pages
+
 from . import conventions
 from .conventions import CHAT, EXECUTE_TOOL, MessageFact, span_facts
 from .models import Message, Round, Source, Span, ToolExecution
@@ -154,6 +156,7 @@ def _conversations(project_id: int, ids: list[int], received: dict[str, datetime
         ) if calls else set()
         new_rounds = [pk for pk, trace, _ in chats if trace not in record_traces]
         new_tools = [pk for pk, _, call in tools if call not in record_calls]  # (a span a record links to is no candidate)
+        yield_to_pages()  # a pass of many pages shares its process with the pages
         with transaction.atomic():
             renumber: set[int] = set()
             for start in range(0, len(new_rounds), CHUNK):
