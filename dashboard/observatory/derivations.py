@@ -469,10 +469,11 @@ def links_refresh(
     Scope: with ``conversation_ids`` (after a records batch) only the rows of those
     conversations received from ``since`` to ``until`` (the outbox passes the times
     of its notes' batches, so a pass reads what its batches brought, not the
-    conversations' history nor the batches of later notes) and the spans that share their tool calls or traces; with
-    ``artifact_ids`` (after an upload) only those artifacts. Every query is then
-    bounded by those ids and served by an index, so the work after a batch is
-    proportional to the batch, not to the database. With neither (the hourly
+    conversations' history nor the batches of later notes) and the spans that
+    share their tool calls or traces; with ``artifact_ids`` (after an upload) only
+    those artifacts. Every query is then bounded by those ids and served by an
+    index, so the work after a batch is proportional to the batch, not to the
+    database. With neither (the hourly
     beat): the unlinked rows that occurred or started since ``since``, through the
     time indexes, and at most BEAT_SPAN_LIMIT unlinked spans, the newest.
 

@@ -6,11 +6,13 @@ after the commit loses nothing, before it loses both. ``outbox_drain`` claims re
 notes under a short lease (``SELECT … FOR UPDATE SKIP LOCKED`` on PostgreSQL; on
 SQLite the claiming transaction holds the write lock, and one drainer at a time
 derives: ``drain_exclusive``), merges them per project so a burst of batches
-costs one pass, runs the idempotent derivations, and deletes the notes. A drainer that dies mid-pass leaves its notes to be claimed again when the
-lease ends. A pass reads what its notes' batches brought (the rows received from
-its earliest batch to its latest: ``_rows_window``), not the conversations' history, and recomputes an
-hour's tool rollups at most once per OBSERVATORY_ROLLUP_INTERVAL_SECONDS, leaving a
-note due then for the hours it did not (a recompute reads the whole hour).
+costs one pass, runs the idempotent derivations, and deletes the notes. A drainer
+that dies mid-pass leaves its notes to be claimed again when the lease ends. A
+pass reads what its notes' batches brought (the rows received from its earliest
+batch to its latest: ``_rows_window``), not the conversations' history, and
+recomputes an hour's tool rollups at most once per
+OBSERVATORY_ROLLUP_INTERVAL_SECONDS, leaving a note due then for the hours it did
+not (a recompute reads the whole hour).
 
 Failures are contained: when a merged pass fails, each note is derived on its own;
 a failing note with several conversations or hours is split into one note per

@@ -166,20 +166,22 @@ def test_a_busy_merged_pass_is_retried_merged_not_note_by_note(client, auth, rec
     assert notes == [(0, None, "OperationalError: database is locked")] * 2
 
 
-def test_it_links_the_rows_received_since_its_oldest_note_not_the_conversations_history(
-        client, auth, records, crash_after_commit, monkeypatch):
-    """A pass reads what its batches brought: an old row of the same conversation is
-    not read again (a conversation of the soak grew by thousands a minute)."""
-    from dashboard.observatory import derivations
-    from dashboard.observatory.models import Span, ToolExecution
+def derived_with_a_span(client, auth, records, call: str) -> None:
+    """Conversation "a" with one tool call, derived, in a project with a span (the
+    link step runs only when there are spans)."""
+    from dashboard.observatory.models import Span
 
-    post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_old"})])
-    now = timezone.now()  # a span of the project (the link step runs only when there are spans)
+    post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": call})])
+    now = timezone.now()
     Span.objects.create(project_id=Conversation.objects.get().project_id, trace_id="f" * 32, span_id="f" * 16,
                         start_time=now, end_time=now)
     outbox.outbox_drain_all()
-    ToolExecution.objects.update(received_at=timezone.now() - outbox.ROWS_BEFORE_NOTE - timedelta(minutes=5))
-    post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_new"})])
+
+
+def executions_linked(monkeypatch) -> list[int]:
+    """The ids of the tool executions the link passes read from now on."""
+    from dashboard.observatory import derivations
+
     read: list[int] = []
     real = derivations._executions_link
 
@@ -188,6 +190,19 @@ def test_it_links_the_rows_received_since_its_oldest_note_not_the_conversations_
         return real(project_id, in_scope, counts)
 
     monkeypatch.setattr(derivations, "_executions_link", recording)
+    return read
+
+
+def test_it_links_the_rows_received_since_its_oldest_note_not_the_conversations_history(
+        client, auth, records, crash_after_commit, monkeypatch):
+    """A pass reads what its batches brought: an old row of the same conversation is
+    not read again (a conversation of the soak grew by thousands a minute)."""
+    from dashboard.observatory.models import ToolExecution
+
+    derived_with_a_span(client, auth, records, "call_old")
+    ToolExecution.objects.update(received_at=timezone.now() - outbox.ROWS_BEFORE_NOTE - timedelta(minutes=5))
+    post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_new"})])
+    read = executions_linked(monkeypatch)
     outbox.outbox_drain_all()
     assert read == [ToolExecution.objects.get(tool_call_id="call_new").pk]
     assert Conversation.objects.get().tool_calls == 2  # the totals still count every row
@@ -220,14 +235,9 @@ def test_a_pass_reads_the_rows_of_its_own_batches_not_those_before_or_after(
     """The window is exact at both ends: no row of a later note's batch (behind a
     backlog, every row up to now was read again by each pass), and none received
     before its batch (each pass read the 60 s before its notes again)."""
-    from dashboard.observatory import derivations
-    from dashboard.observatory.models import Span, ToolExecution
+    from dashboard.observatory.models import ToolExecution
 
-    post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_before"})])
-    now = timezone.now()  # a span of the project (the link step runs only when there are spans)
-    Span.objects.create(project_id=Conversation.objects.get().project_id, trace_id="f" * 32, span_id="f" * 16,
-                        start_time=now, end_time=now)
-    outbox.outbox_drain_all()
+    derived_with_a_span(client, auth, records, "call_before")
     ToolExecution.objects.update(received_at=timezone.now() - timedelta(seconds=10))  # within the old margin
     post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_1"})])
     (first,) = DerivationNote.objects.all()
@@ -236,14 +246,7 @@ def test_a_pass_reads_the_rows_of_its_own_batches_not_those_before_or_after(
     DerivationNote.objects.update(created_at=F("created_at") - earlier, rows_from=F("rows_from") - earlier)
     first.refresh_from_db()
     post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_2"})])
-    read: list[int] = []
-    real = derivations._executions_link
-
-    def recording(project_id, in_scope, counts):
-        read.extend(row[0] for row in in_scope)
-        return real(project_id, in_scope, counts)
-
-    monkeypatch.setattr(derivations, "_executions_link", recording)
+    read = executions_linked(monkeypatch)
     outbox._derive(first.project_id, *outbox._merged([first]))  # the first note's pass alone
     assert read == [ToolExecution.objects.get(tool_call_id="call_1").pk]
     first.delete()
