@@ -181,6 +181,12 @@ SPAN_TOOL_FAILURE = (
 )
 
 
+# A tool span that no span-row pass turns into a tool execution: outside any
+# conversation, or not a tool call's span (span_rows derives the execute_tool spans of
+# conversations). Only these can be span-only calls in an hour's tool rollups.
+SPAN_TOOL_UNDERIVED = ~Q(tool_name="") & (Q(conversation__isnull=True) | ~Q(operation="execute_tool"))
+
+
 class Span(models.Model):
     """One OpenTelemetry span. Filled by the OTLP ingest (dashboard.ingest.spans).
 
@@ -259,6 +265,12 @@ class Span(models.Model):
             models.Index(
                 fields=["project", "start_time"], name="span_tool_time",
                 condition=~Q(tool_name=""),
+            ),
+            # span-only calls of an hour's tool rollups: the tool spans no tool execution
+            # is derived from (most tool spans of conversations are: this skips them)
+            models.Index(
+                fields=["project", "start_time"], name="span_tool_underived",
+                condition=SPAN_TOOL_UNDERIVED,
             ),
             # the span-row pass after a batch: a conversation's model-call and tool spans
             # received since its notes, never the conversation's history (spans with

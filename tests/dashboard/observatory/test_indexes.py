@@ -216,13 +216,14 @@ def test_it_bounds_the_beat_pass_to_the_newest_unlinked_spans(project, monkeypat
 
 
 def test_it_keeps_the_span_table_to_few_indexes(project):
-    """Each index costs every span insert: pk, unique, project+time, and seven
+    """Each index costs every span insert: pk, unique, project+time, and eight
     partial ones that plain spans skip (the trace list's holds one span a trace,
-    the failed spans' and the failed span-only tool calls' almost none)."""
+    the failed spans' and the failed span-only tool calls' almost none, the
+    underived tool spans' none of a conversation's tool calls)."""
     with connection.cursor() as cursor:
         constraints = connection.introspection.get_constraints(cursor, Span._meta.db_table)
     indexed = {name for name, c in constraints.items() if c["index"] or c["unique"] or c["primary_key"]}
-    assert len(indexed) <= 10, sorted(indexed)
+    assert len(indexed) <= 11, sorted(indexed)
 
 
 def test_it_tests_each_trace_for_errors_through_the_partial_error_index(project):
@@ -257,3 +258,21 @@ def test_it_finds_a_batchs_spans_to_derive_through_the_partial_received_index(pr
     assert index_used(received, "span_derivable_received"), plan_of(received)
     assert list(received.values_list("span_id", flat=True)) == [f"{1:016x}"]
     assert len(by_trace) == 1
+
+
+def test_it_reads_an_hours_span_only_calls_through_the_underived_index(project):
+    """The rollup's span-only calls are looked for among the tool spans no span-row
+    pass derives, not among every tool span of the hour."""
+    conversation = Conversation.objects.create(project=project, external_id="c")
+    span(project, 1, tool_name="search")  # outside any conversation: span-only
+    span(project, 2, tool_name="search", conversation=conversation, operation="execute_tool")  # derived
+    span(project, 3, tool_name="search", conversation=conversation)  # a tool name, not a tool call's span
+    Span.objects.bulk_create([  # derived tool spans the query must not walk
+        Span(project=project, trace_id=f"{1000 + i:032x}", span_id=f"{i:016x}", start_time=NOW, end_time=NOW,
+             tool_name="search", conversation=conversation, operation="execute_tool")
+        for i in range(300)
+    ])
+    hour = NOW.replace(minute=0, second=0, microsecond=0)
+    calls = derivations.span_only_calls(project.pk, hour, hour + timedelta(hours=1))
+    assert index_used(calls, "span_tool_underived"), plan_of(calls)
+    assert sorted(calls.values_list("span_id", flat=True)) == [f"{1:016x}", f"{3:016x}"]

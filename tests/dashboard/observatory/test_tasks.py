@@ -185,6 +185,25 @@ def test_it_counts_tool_spans_that_no_record_describes(project, records):
     assert (web.calls, web.errors, web.timeouts, web.retries, web.error_types) == (1, 1, 1, 1, {"timeout": 1})
 
 
+def test_a_conversations_tool_span_counts_as_the_tool_execution_derived_from_it(project, records):
+    """Span-only calls are looked for among the tool spans no span-row pass derives:
+    a conversation's tool call span counts once its tool execution is derived, and
+    never twice."""
+    from dashboard.observatory import span_rows
+    from dashboard.observatory.models import Conversation
+
+    conversation = Conversation.objects.create(project=project, external_id="c")
+    at = records.now
+    span(project, span_id="1" * 16, tool_name="search", tool_call_id="call_1", start=at,
+         conversation=conversation, operation="execute_tool", attributes={"gen_ai.tool.name": "search"})
+    hour = [hour_of(at).isoformat()]
+    tasks.tool_rollups_refresh(project.pk, hour)
+    assert not ToolHourlyRollup.objects.filter(tool_name="search").exists()  # not derived yet
+    span_rows.span_rows_derive(project_id=project.pk, conversation_ids=[conversation.pk])
+    tasks.tool_rollups_refresh(project.pk, hour)
+    assert ToolHourlyRollup.objects.get(tool_name="search").calls == 1
+
+
 def test_it_reads_span_facts_of_every_json_type_like_the_rows_say(project, records):
     # The rollup reads five attributes through the database's JSON extraction (SQLite
     # and PostgreSQL differ in what they hand back); hostile types count as nothing.
