@@ -200,6 +200,10 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
     print(f"\nacknowledged {len(acknowledged.span_ids):,} spans and {len(acknowledged.tool_call_ids):,} records "
           f"({acknowledged.retries} batches answered 429/503, {acknowledged.refused} refused "
           f"{acknowledged.first_refusal}); lag p95 {percentile(lag_all, 95):.1f} s over {len(lag_all)} record batches")
+    print("page p95 over the soak: " + ", ".join(
+        f"{label} {percentile(times, 95) * 1000:.0f} ms"
+        for label, times in zip(("overview", "conversations", "tools"), reader.by_path.values())) + f"; the pages' own time (Server-Timing) "
+        f"p95 {percentile(reader.server, 95) * 1000:.0f} ms")
     print(f"server PSS: peak {sampler.peak_pss:.0f} MB, after warm-up {after_warm_up(pss_by_window):.0f} MB, last window "
           f"{pss_by_window[-1] if pss_by_window else 0:.0f} MB; RSS summed: peak {sampler.peak:.0f} MB, after warm-up "
           f"{after_warm_up(rss_by_window):.0f} MB, last window {rss_by_window[-1] if rss_by_window else 0:.0f} MB; "
