@@ -346,7 +346,21 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
                 update_fields=[f for f in _empty_rollup()] + ["updated_at"],
             )
         written += len(rows)
+        _recompute_cost_note(project_id, start, (timezone.now() - began).total_seconds())
     return written
+
+
+# What the last recompute of an hour cost, in seconds, as this process saw it: a busy
+# hour is recomputed at most once per ROLLUP_COST_SPACING times that (rollup_hours_due).
+ROLLUP_COST_SPACING = 4
+_recompute_costs: dict[tuple[int, datetime], float] = {}
+_RECOMPUTE_COSTS_KEPT = 1_000
+
+
+def _recompute_cost_note(project_id: int, hour: datetime, seconds: float) -> None:
+    if len(_recompute_costs) >= _RECOMPUTE_COSTS_KEPT:
+        _recompute_costs.clear()  # old hours; the next recompute of each learns again
+    _recompute_costs[(project_id, hour)] = seconds
 
 
 def span_only_calls(project_id: int, start: datetime, end: datetime) -> Any:
@@ -381,18 +395,27 @@ def _rollups_newer(project_id: int, hour: datetime, began: datetime) -> bool:
 def rollup_hours_due(*, project_id: int, hours: Iterable[datetime], interval: timedelta) -> tuple[
         list[datetime], list[datetime], datetime | None]:
     """(hours due, hours not due yet, when those are due): an hour is due when no
-    pass began recomputing it within ``interval``. Recomputing a busy hour after
-    every batch reads its whole hour each time (seconds, on every drainer), so the
-    outbox recomputes an hour at most once an interval and notes the rest for then."""
+    pass began recomputing it within ``interval``, or within ROLLUP_COST_SPACING
+    times what its last recompute took. Recomputing a busy hour after every batch
+    reads its whole hour each time (seconds, on every drainer), so the outbox
+    recomputes an hour at most that often and notes the rest for then. The second
+    bound keeps the rollups to about a quarter of a drainer's time however full the
+    hour: 25 minutes into the hour-long soak a recompute took seconds, every 10 s,
+    and was 75 % of the derivation's time, so ingest was slowed to what was left."""
     hours = sorted(set(hours))
     if interval <= timedelta(0) or not hours:
         return hours, [], None
-    recent = timezone.now() - interval
+    now = timezone.now()
     last = dict(ToolHourlyRollup.objects.filter(project_id=project_id, hour__in=hours).values("hour").order_by()
                 .annotate(last=Max("updated_at")).values_list("hour", "last"))
-    due = [hour for hour in hours if hour not in last or last[hour] <= recent]
-    later = [hour for hour in hours if hour in last and last[hour] > recent]
-    return due, later, max((last[hour] + interval for hour in later), default=None)
+    next_due = {
+        hour: last[hour] + max(interval, timedelta(
+            seconds=ROLLUP_COST_SPACING * _recompute_costs.get((project_id, hour), 0.0)))
+        for hour in hours if hour in last
+    }
+    due = [hour for hour in hours if hour not in next_due or next_due[hour] <= now]
+    later = [hour for hour in hours if hour in next_due and next_due[hour] > now]
+    return due, later, max((next_due[hour] for hour in later), default=None)
 
 
 # The span attributes a tool rollup reads, extracted as scalars by the database

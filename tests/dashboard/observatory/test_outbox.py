@@ -286,6 +286,26 @@ def test_it_recomputes_a_busy_hour_at_most_once_an_interval(client, auth, record
     assert not DerivationNote.objects.exists()
 
 
+def test_a_costly_hour_is_recomputed_at_most_once_per_four_times_its_cost(
+        client, auth, records, crash_after_commit, settings, monkeypatch):
+    """However full the hour, its recomputes take at most about a quarter of the drainer's time."""
+    from dashboard.observatory import derivations
+
+    settings.OBSERVATORY_ROLLUP_INTERVAL_SECONDS = 10
+    post(client, auth, [records.tool_result(conversation="a")])
+    outbox.outbox_drain_all()
+    rollup = ToolHourlyRollup.objects.get()
+    assert derivations._recompute_costs[(rollup.project_id, rollup.hour)] >= 0  # what it took, noted
+    monkeypatch.setitem(derivations._recompute_costs, (rollup.project_id, rollup.hour), 30.0)  # it took 30 s
+    began = rollup.updated_at - timedelta(seconds=60)  # past the interval, within 4 x 30 s
+    ToolHourlyRollup.objects.update(updated_at=began)
+    post(client, auth, [records.tool_result(conversation="a")])
+    outbox.outbox_drain_all()
+    assert ToolHourlyRollup.objects.get().calls == 1  # not yet
+    assert Conversation.objects.get().tool_calls == 2  # the totals do not wait
+    assert DerivationNote.objects.get().available_at == began + timedelta(seconds=120)
+
+
 @pytest.fixture
 def sqlite_file(db):
     from django.db import connection
