@@ -11,7 +11,9 @@ bind = os.environ.get("OBSERVATORY_BIND", "127.0.0.1:8000")
 # keep pages fast under ingest (16 senders on 2 cores: page p95 0.22 s with 4
 # processes, 0.46-0.61 s with 2; benchmarks/bench_chaos.py --no-kill).
 workers = int(os.environ.get("WEB_CONCURRENCY", max(2, 2 * multiprocessing.cpu_count())))
-worker_class = "gthread"
+# gthread, with the lingering close of a connection off the worker's event loop
+# (gunicorn 26+ otherwise stops the worker for up to 2 s per client slow to close).
+worker_class = "dashboard.gunicorn_worker.ThreadWorker"
 threads = int(os.environ.get("WEB_THREADS", "4"))
 timeout = int(os.environ.get("WEB_TIMEOUT", "30"))
 graceful_timeout = 20
