@@ -3,7 +3,6 @@
 import gc
 import multiprocessing
 import os
-import sys
 
 bind = os.environ.get("OBSERVATORY_BIND", "127.0.0.1:8000")
 # Two processes a core, four threads each: ingest is mostly database-bound, and a
@@ -28,10 +27,6 @@ max_requests_jitter = 2000
 _preloading = os.environ.get("WEB_PRELOAD", "1") != "0"
 worker_private_mb = int(os.environ.get("WEB_WORKER_PRIVATE_MB", "80" if _preloading else "160"))
 worker_min_age = float(os.environ.get("WEB_WORKER_MIN_AGE_SECONDS", "60"))  # never replaced younger
-# How long a thread may hold the interpreter lock while another waits for it (Python's
-# default is 5 ms). A page thread takes the lock back after each query; while the
-# worker's derivation thread computes, each of those waits lasted up to the interval.
-gil_switch_ms = float(os.environ.get("WEB_GIL_SWITCH_MS", "1"))
 # Request line and header limits; body limits are enforced by the ingest views.
 limit_request_line = 8190
 limit_request_fields = 100
@@ -114,7 +109,6 @@ def post_fork(server, worker):
     from dashboard.worker_memory import MemoryCeiling
 
     worker.observatory_ceiling = MemoryCeiling(worker_private_mb, min_age=worker_min_age)
-    sys.setswitchinterval(gil_switch_ms / 1000)
 
     os.environ[SLOT_ENV] = str(worker.age % SLOTS)
     board = page_board()
