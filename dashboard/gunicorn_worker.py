@@ -80,7 +80,8 @@ class Linger:
                     util.close(sock)
                     continue
                 open_[sock] = (time.monotonic() + self.seconds, 0)
-            timeout = max(0.0, min((deadline for deadline, _ in open_.values()), default=60.0) - time.monotonic())
+            # Until the first deadline; with nothing lingering, until woken.
+            timeout = max(0.0, min(deadline for deadline, _ in open_.values()) - time.monotonic()) if open_ else None
             for key, _ in selector.select(timeout):
                 if key.fileobj is self._wake_read:
                     try:

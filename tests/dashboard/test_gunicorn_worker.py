@@ -72,3 +72,23 @@ def test_it_stops_reading_a_client_that_sends_too_much():
         time.sleep(0.01)
     assert server.fileno() == -1
     client.close()
+
+
+def test_it_waits_without_spinning_when_nothing_lingers():
+    """Its thread sleeps in its selector between sockets (a first version spun there,
+    taking a quarter of a core from every worker of the soak)."""
+    linger = Linger(seconds=0.1)
+    server, client = socket.socketpair()
+    linger.close(server)
+    client.close()
+    time.sleep(0.3)  # the socket is closed and forgotten; nothing lingers now
+    stat = f"/proc/self/task/{linger._thread.native_id}/stat"
+
+    def cpu_ticks() -> int:
+        with open(stat) as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    before = cpu_ticks()
+    time.sleep(1.0)
+    assert cpu_ticks() - before <= 2  # clock ticks (1/100 s): idle, not a busy loop
