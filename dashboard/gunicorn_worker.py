@@ -43,6 +43,7 @@ class Linger:
         self._handed: queue.SimpleQueue[socket.socket] = queue.SimpleQueue()
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
+        self._wake_write.setblocking(False)  # the event loop never waits on it
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
