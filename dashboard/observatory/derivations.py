@@ -322,8 +322,9 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
 
         # Five attribute values per span, extracted by the database, read in chunks:
         # never the spans' whole attributes, never all of an hour's spans at once.
-        for span in span_only_calls(project_id, start, end).annotate(**_SPAN_FACTS).values_list("tool_name", "duration_ms", "status_code",
-                                                                   *_SPAN_FACTS).iterator(chunk_size=_SPAN_CHUNK):
+        span_only = span_only_calls(project_id, start, end).annotate(**_SPAN_FACTS)
+        for span in span_only.values_list("tool_name", "duration_ms", "status_code",
+                                          *_SPAN_FACTS).iterator(chunk_size=_SPAN_CHUNK):
             _add_span(stats[span[0]], span[1], span[2], dict(zip(_SPAN_FACT_KEYS, span[3:])))
             if stats[span[0]]["calls"] % _SPAN_CHUNK == 0:
                 yield_to_pages()
