@@ -24,6 +24,7 @@ from django.utils.functional import LazyObject, empty
 
 from dashboard.accounts.models import Project
 
+from .conventions import EXECUTE_TOOL
 from .histogram import empty_histogram
 
 ID_LENGTH = 200  # pipeline Identifier max_length
@@ -184,7 +185,7 @@ SPAN_TOOL_FAILURE = (
 # A tool span that no span-row pass turns into a tool execution: outside any
 # conversation, or not a tool call's span (span_rows derives the execute_tool spans of
 # conversations). Only these can be span-only calls in an hour's tool rollups.
-SPAN_TOOL_UNDERIVED = ~Q(tool_name="") & (Q(conversation__isnull=True) | ~Q(operation="execute_tool"))
+SPAN_TOOL_UNDERIVED = ~Q(tool_name="") & (Q(conversation__isnull=True) | ~Q(operation=EXECUTE_TOOL))
 
 
 class Span(models.Model):
