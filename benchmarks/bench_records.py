@@ -88,7 +88,7 @@ def run(batches: int, size: int) -> None:
         ids = sorted(outcome.conversation_ids)
         timed("links", lambda: derivations.links_refresh(project_id=project.pk, conversation_ids=ids))
         timed("totals", lambda: derivations.conversation_totals_refresh(conversation_ids=ids))
-        timed("rollups", lambda: derivations.tool_rollups_refresh(project_id=project.pk, hours=outcome.tool_hours))
+        timed("rollups", lambda: derivations.tool_rollups_refresh(project_id=project.pk, minutes=outcome.tool_minutes))
 
     n = batches * size
     print(f"{batches} batches x {size} tool_result records, SQLite WAL, load average {os.getloadavg()[0]:.1f}")

@@ -136,7 +136,7 @@ def post_records(request: HttpRequest) -> dict[str, Any]:
         with ingest_transaction():
             outcome = records_store(project=project, records=valid)
             derivations_enqueue(
-                project_id=project.pk, conversation_ids=outcome.conversation_ids, hours=outcome.tool_hours,
+                project_id=project.pk, conversation_ids=outcome.conversation_ids, minutes=outcome.tool_minutes,
                 rows_from=received_from,
             )
     return {"accepted": outcome.accepted, "duplicates": outcome.duplicates, "rejected": rejected}

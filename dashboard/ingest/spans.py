@@ -137,7 +137,7 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
         inserted = _insert([row + (conversation,) for row, conversation in zip(rows, conversations)])
         linked = _link_tool_executions(project, spans, links, executions)
         touched = tuple(sorted({conversation for conversation in conversations if conversation is not None}))
-        tool_hours = sorted({_hour(span.start_time_unix_nano) for span, (_, tool, _, _) in zip(spans, links) if tool})
+        tool_minutes = {_aware(span.start_time_unix_nano) for span, (_, tool, _, _) in zip(spans, links) if tool}
         # Traces to finish linking from the outbox: those a key just linked (their
         # children may be stored already), and, in a batch with GenAI spans, those
         # with a span still unlinked (its naming span may be in a concurrent batch).
@@ -148,9 +148,9 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
             span.trace_id for span, conversation, (key, _, _, _) in zip(spans, conversations, links)
             if key or (conversation is None and genai_batch)
         })
-        if inserted and (tool_hours or traces or touched or any(_has_genai(span) for span in spans)):
+        if inserted and (tool_minutes or traces or touched or any(_has_genai(span) for span in spans)):
             # Once per batch, after commit (robust there: never a 500 for a committed batch).
-            derivations_enqueue(project_id=project.pk, conversation_ids=touched, hours=tool_hours, trace_ids=traces,
+            derivations_enqueue(project_id=project.pk, conversation_ids=touched, minutes=tool_minutes, trace_ids=traces,
                                 rows_from=received_at)
     return StoredSpans(inserted, len(spans) - inserted, touched, linked)
 
@@ -270,10 +270,6 @@ def _stored_trace_query(count: int) -> str:
 
 def _aware(unix_nano: int) -> datetime:
     return _EPOCH + timedelta(microseconds=unix_nano // 1000)
-
-
-def _hour(unix_nano: int) -> datetime:
-    return _aware(unix_nano).replace(minute=0, second=0, microsecond=0)
 
 
 def _sqlite_time(unix_nano: int) -> str:

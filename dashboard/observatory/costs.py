@@ -24,19 +24,13 @@ from django.db.models import Count, F, Q, Sum
 
 from dashboard.tuning.pricing import PriceTable
 
-from .models import Conversation, Round, ToolExecution, ToolHourlyRollup, UsageHourlyRollup
+from .models import Conversation, Round, ToolExecution, ToolHourlyRollup, UsageHourlyRollup, hour_of
 
 # The Conversation columns conversation_totals_refresh writes for us.
 CONVERSATION_FIELDS = ["cost_pico_usd", "unpriced_rounds"]
 REPRICE_BATCH = 1_000
 USAGE_FIELDS = ("conversations", "conversations_with_errors", "input_tokens", "output_tokens", "cost_pico_usd",
                 "priced_conversations", "unpriced_rounds")
-
-
-def _hour(moment: datetime) -> datetime:
-    from .services import hour_of
-
-    return hour_of(moment)
 
 
 @dataclass
@@ -66,7 +60,7 @@ def conversations_priced(conversations: list[Conversation], table: Optional[Pric
     for project_id, started_at in Conversation.objects.filter(pk__in=list(by_id)).values_list(
         "project_id", "started_at"
     ):
-        pricing.hours[project_id].add(_hour(started_at))
+        pricing.hours[project_id].add(hour_of(started_at))
     totals: dict[int, list[int]] = {pk: [0, 0, 0] for pk in by_id}  # cost, priced rounds, unpriced rounds
     for round_ in Round.objects.filter(conversation_id__in=list(by_id)).only(
         "id", "conversation_id", "model", "occurred_at", "input_tokens", "output_tokens", "cost_pico_usd"
@@ -86,7 +80,7 @@ def conversations_priced(conversations: list[Conversation], table: Optional[Pric
         cost, priced, unpriced = totals[pk]
         conversation.cost_pico_usd = cost if priced else None
         conversation.unpriced_rounds = unpriced
-        pricing.hours[conversation.project_id].add(_hour(conversation.started_at))
+        pricing.hours[conversation.project_id].add(hour_of(conversation.started_at))
     return pricing
 
 
@@ -131,15 +125,16 @@ def usage_hours_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
     return written
 
 
-def tool_hour_costs(stats: dict[str, dict[str, Any]], executions: Any, hour: datetime,
+def tool_call_costs(stats: dict[str, dict[str, Any]], executions: Any, at: datetime,
                     table: Optional[PriceTable] = None) -> None:
-    """Add each tool's observation cost and priced calls of the hour to its rollup
-    entry (``tool_rollups_refresh``'s ``stats``). One grouped query."""
+    """Add each tool's observation cost and priced calls of ``executions`` (those of
+    the minute from ``at``) to its rollup entry (``tool_rollups_refresh``'s ``stats``).
+    One grouped query."""
     table = table or PriceTable.load()
     for row in executions.values("tool_name", "model").order_by().annotate(
         conversation_model=F("conversation__model"), tokens=Sum("observation_tokens"), calls=Count("id"),
     ):
-        price = table.price_for(row["model"] or row["conversation_model"] or "", hour)
+        price = table.price_for(row["model"] or row["conversation_model"] or "", at)
         if price is not None and row["tool_name"] in stats:
             entry = stats[row["tool_name"]]
             entry["cost_pico_usd"] += price.cost(row["tokens"] or 0)

@@ -36,6 +36,9 @@ from .models import (
     Span,
     ToolExecution,
     ToolHourlyRollup,
+    ToolMinuteRollup,
+    hour_of,
+    minute_of,
 )
 
 TITLE_LENGTH = 120
@@ -77,8 +80,6 @@ def conversation_totals_refresh(*, conversation_ids: Iterable[int]) -> int:
     ids = sorted(set(conversation_ids))
     if not ids:
         return 0
-    from .services import hour_of
-
     began = timezone.now()
     conversations, round_updates, pricing = _conversation_totals_read(ids)
     yield_to_pages()
@@ -284,93 +285,147 @@ def _empty_rollup() -> dict[str, Any]:
     }
 
 
-def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime]) -> int:
-    """Recompute whole hours of tool statistics from the rows: tool executions, plus
-    tool spans (gen_ai.tool.name) that no tool execution describes. Rollups of a
-    tool that has no rows left in the hour are deleted. Returns rollups written.
+ROLLUP_SLICE = timedelta(minutes=1)
+SLICES_PER_HOUR = 60
 
-    An hour's rollups say when the pass that wrote them began reading
-    (``updated_at``), and a pass writes only when no pass that began later has
-    written: two drainers recomputing one hour can finish in any order, and the
-    one that read first would otherwise overwrite the newer figures with stale
-    ones that no later note corrects (the soak ended 1,462 calls behind so)."""
+
+def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime] = (),
+                         minutes: Iterable[datetime] = ()) -> int:
+    """Recompute tool statistics from the rows, minute by minute: the given
+    minutes, and every minute of the given hours (the sweep, a repricing, a note
+    written before the slices); then sum each hour touched from its minute slices.
+    Returns the hour rollups written.
+
+    A minute's slice counts the minute's tool executions plus its tool spans that
+    no tool execution describes; a slice of a tool that has no rows left in the
+    minute is deleted. A batch's rows fall in the minutes around now, so its pass
+    reads seconds of rows: recomputing its whole hour read up to an hour of them,
+    and 25 minutes into the hour-long soak that was 75 % of the derivation's time.
+
+    A slice says when the pass that wrote it began reading (``updated_at``), and a
+    pass writes a slice only when no pass that began later has written it: two
+    drainers recomputing one minute can finish in any order, and the one that read
+    first would otherwise overwrite the newer figures with stale ones that no later
+    note corrects (the soak once ended 1,462 calls behind so). The hour's sum is
+    taken in the same transaction, from the slices as they are then."""
+    by_hour: dict[datetime, list[datetime]] = defaultdict(list)
+    for minute in rollup_minutes(hours=hours, minutes=minutes):
+        by_hour[hour_of(minute)].append(minute)
     written = 0
-    for hour in sorted(set(hours)):
-        start, end = hour, hour + timedelta(hours=1)
+    for hour, hour_minutes in sorted(by_hour.items()):
         began = timezone.now()
-        stats: dict[str, dict[str, Any]] = defaultdict(_empty_rollup)
-        executions = ToolExecution.objects.filter(project_id=project_id, occurred_at__gte=start, occurred_at__lt=end)
-        level_aggregates = {}
-        for level in _LEVELS:
-            level_aggregates[f"{level}_tokens"] = Sum("observation_tokens", filter=Q(output_level=level))
-            level_aggregates[f"{level}_count"] = Count("id", filter=Q(output_level=level))
-        for row in executions.values("tool_name").order_by().annotate(
-            calls=Count("id"), successes=Count("id", filter=Q(success=True)),
-            errors=Count("id", filter=Q(success=False)), retries=Sum("retry_count"),
-            timeouts=Count("id", filter=Q(success=False) & _TIMEOUT),
-            cache_hits=Count("id", filter=Q(cache_hit=True)), duration_sum_ms=Sum("duration_ms"),
-            **level_aggregates, **_histogram_aggregates(),
-        ):
-            entry = stats[row["tool_name"]]
-            for name in ("calls", "successes", "errors", "retries", "timeouts", "cache_hits", "duration_sum_ms",
-                         *level_aggregates):
-                entry[name] = row[name] or 0
-            entry["latency_histogram"] = [row[f"b{i}"] for i in range(len(LATENCY_BUCKET_BOUNDS_MS) + 1)]
-        for row in executions.filter(success=False).values("tool_name", "error_type").order_by().annotate(n=Count("id")):
-            stats[row["tool_name"]]["error_types"][row["error_type"] or "unknown"] += row["n"]
-        costs.tool_hour_costs(stats, executions, start)  # [costs] observation tokens at the input price
-
-        # Five attribute values per span, extracted by the database, read in chunks:
-        # never the spans' whole attributes, never all of an hour's spans at once.
-        span_only = span_only_calls(project_id, start, end).annotate(**_SPAN_FACTS)
-        for span in span_only.values_list("tool_name", "duration_ms", "status_code",
-                                          *_SPAN_FACTS).iterator(chunk_size=_SPAN_CHUNK):
-            _add_span(stats[span[0]], span[1], span[2], dict(zip(_SPAN_FACT_KEYS, span[3:])))
-            if stats[span[0]]["calls"] % _SPAN_CHUNK == 0:
-                yield_to_pages()
-
+        slices = {minute: _minute_stats(project_id, minute) for minute in hour_minutes}
         with transaction.atomic():
-            if _rollups_newer(project_id, start, began):
-                continue
-            ToolHourlyRollup.objects.filter(project_id=project_id, hour=start).exclude(
-                tool_name__in=list(stats)
-            ).delete()
-            rows = [
-                ToolHourlyRollup(
-                    project_id=project_id, tool_name=tool_name, hour=start, updated_at=began,
-                    **{**entry, "error_types": dict(entry["error_types"])},
-                )
-                for tool_name, entry in stats.items()
-            ]
-            ToolHourlyRollup.objects.bulk_create(
-                rows, update_conflicts=True, unique_fields=["project", "tool_name", "hour"],
-                update_fields=[f for f in _empty_rollup()] + ["updated_at"],
+            newer = _slices_newer(project_id, hour, hour_minutes, began)
+            fresh = {minute: stats for minute, stats in slices.items() if minute not in newer}
+            ToolMinuteRollup.objects.filter(project_id=project_id, minute__in=list(fresh)).delete()
+            ToolMinuteRollup.objects.bulk_create(
+                ToolMinuteRollup(project_id=project_id, minute=minute, tool_name=tool_name, updated_at=began,
+                                 **{**entry, "error_types": dict(entry["error_types"])})
+                for minute, stats in fresh.items() for tool_name, entry in stats.items()
             )
-        written += len(rows)
-        _recompute_cost_note(project_id, start, (timezone.now() - began).total_seconds())
+            written += _hour_sum(project_id, hour)
+        seconds = (timezone.now() - began).total_seconds()
+        for minute in hour_minutes:
+            _recompute_cost_note(project_id, minute, seconds / len(hour_minutes))
     return written
 
 
-# What the last recompute of an hour cost, in seconds, as this process saw it: a busy
-# hour is recomputed at most once per ROLLUP_COST_SPACING times that (rollup_hours_due).
+def rollup_minutes(*, hours: Iterable[datetime] = (), minutes: Iterable[datetime] = ()) -> list[datetime]:
+    """The minutes to recompute, in order: the given ones, and every minute of the given hours."""
+    wanted = {minute_of(minute) for minute in minutes}
+    for hour in {hour_of(hour) for hour in hours}:
+        wanted.update(hour + i * ROLLUP_SLICE for i in range(SLICES_PER_HOUR))
+    return sorted(wanted)
+
+
+def _minute_stats(project_id: int, start: datetime) -> dict[str, dict[str, Any]]:
+    """Each tool's figures in the minute from ``start``, read from the rows: a few
+    grouped queries, and five extracted attribute values per span-only call."""
+    end = start + ROLLUP_SLICE
+    stats: dict[str, dict[str, Any]] = defaultdict(_empty_rollup)
+    executions = ToolExecution.objects.filter(project_id=project_id, occurred_at__gte=start, occurred_at__lt=end)
+    level_aggregates = {}
+    for level in _LEVELS:
+        level_aggregates[f"{level}_tokens"] = Sum("observation_tokens", filter=Q(output_level=level))
+        level_aggregates[f"{level}_count"] = Count("id", filter=Q(output_level=level))
+    for row in executions.values("tool_name").order_by().annotate(
+        calls=Count("id"), successes=Count("id", filter=Q(success=True)),
+        errors=Count("id", filter=Q(success=False)), retries=Sum("retry_count"),
+        timeouts=Count("id", filter=Q(success=False) & _TIMEOUT),
+        cache_hits=Count("id", filter=Q(cache_hit=True)), duration_sum_ms=Sum("duration_ms"),
+        **level_aggregates, **_histogram_aggregates(),
+    ):
+        entry = stats[row["tool_name"]]
+        for name in ("calls", "successes", "errors", "retries", "timeouts", "cache_hits", "duration_sum_ms",
+                     *level_aggregates):
+            entry[name] = row[name] or 0
+        entry["latency_histogram"] = [row[f"b{i}"] for i in range(len(LATENCY_BUCKET_BOUNDS_MS) + 1)]
+    if stats:
+        for row in executions.filter(success=False).values("tool_name", "error_type").order_by().annotate(
+                n=Count("id")):
+            stats[row["tool_name"]]["error_types"][row["error_type"] or "unknown"] += row["n"]
+        costs.tool_call_costs(stats, executions, start)  # [costs] observation tokens at the input price
+
+    # Five attribute values per span, extracted by the database, read in chunks:
+    # never the spans' whole attributes, never all of a minute's spans at once.
+    span_only = span_only_calls(project_id, start, end).annotate(**_SPAN_FACTS)
+    for span in span_only.values_list("tool_name", "duration_ms", "status_code",
+                                      *_SPAN_FACTS).iterator(chunk_size=_SPAN_CHUNK):
+        _add_span(stats[span[0]], span[1], span[2], dict(zip(_SPAN_FACT_KEYS, span[3:])))
+        if stats[span[0]]["calls"] % _SPAN_CHUNK == 0:
+            yield_to_pages()
+    return stats
+
+
+_SUMMED = ("calls", "successes", "errors", "retries", "timeouts", "cache_hits", "duration_sum_ms", "cost_pico_usd",
+           "priced_calls", *(f"{level}_{kind}" for level in _LEVELS for kind in ("tokens", "count")))
+
+
+def _hour_sum(project_id: int, hour: datetime) -> int:
+    """Write the hour's rollups as the sums of its minute slices (at most sixty a
+    tool); a tool with no slice left loses its hour rollup. Returns rows written."""
+    stats: dict[str, dict[str, Any]] = defaultdict(_empty_rollup)
+    for minute in ToolMinuteRollup.objects.filter(project_id=project_id, minute__gte=hour,
+                                                  minute__lt=hour + timedelta(hours=1)):
+        entry = stats[minute.tool_name]
+        for name in _SUMMED:
+            entry[name] += getattr(minute, name)
+        entry["latency_histogram"] = [a + b for a, b in zip(entry["latency_histogram"], minute.latency_histogram)]
+        entry["error_types"].update(minute.error_types)
+    ToolHourlyRollup.objects.filter(project_id=project_id, hour=hour).exclude(tool_name__in=list(stats)).delete()
+    now = timezone.now()
+    ToolHourlyRollup.objects.bulk_create(
+        [ToolHourlyRollup(project_id=project_id, tool_name=tool_name, hour=hour, updated_at=now,
+                          **{**entry, "error_types": dict(entry["error_types"])})
+         for tool_name, entry in stats.items()],
+        update_conflicts=True, unique_fields=["project", "tool_name", "hour"],
+        update_fields=[f for f in _empty_rollup()] + ["updated_at"],
+    )
+    return len(stats)
+
+
+# What the last recompute of a minute cost, in seconds, as this process saw it: a busy
+# minute is recomputed at most once per ROLLUP_COST_SPACING times that (rollup_minutes_due).
 ROLLUP_COST_SPACING = 4
 _recompute_costs: dict[tuple[int, datetime], float] = {}
-_RECOMPUTE_COSTS_KEPT = 1_000
+_RECOMPUTE_COSTS_KEPT = 10_000
 
 
-def _recompute_cost_note(project_id: int, hour: datetime, seconds: float) -> None:
+def _recompute_cost_note(project_id: int, minute: datetime, seconds: float) -> None:
     if len(_recompute_costs) >= _RECOMPUTE_COSTS_KEPT:
-        _recompute_costs.clear()  # old hours; the next recompute of each learns again
-    _recompute_costs[(project_id, hour)] = seconds
+        _recompute_costs.clear()  # old minutes; the next recompute of each learns again
+    _recompute_costs[(project_id, minute)] = seconds
 
 
 def span_only_calls(project_id: int, start: datetime, end: datetime) -> Any:
-    """The hour's tool spans no tool execution describes: not by tool_call_id, and
-    not as the span a tool execution (a record's, or one derived from the span)
-    links to. Only among those no span-row pass derives (``span_tool_underived``):
-    a tool span of a conversation is counted as the tool execution derived from it.
-    Before, every tool span of the hour was read, with two lookups each, at every
-    recompute: 44 % of the derivation's time 25 minutes into the hour-long soak."""
+    """The tool spans started in [start, end) that no tool execution describes:
+    not by tool_call_id, and not as the span a tool execution (a record's, or one
+    derived from the span) links to. Only among those no span-row pass derives
+    (``span_tool_underived``): a tool span of a conversation is counted as the tool
+    execution derived from it. Before, every tool span of the hour was read, with
+    two lookups each, at every recompute: 44 % of the derivation's time 25 minutes
+    into the hour-long soak."""
     described = ToolExecution.objects.filter(project_id=project_id, tool_call_id=OuterRef("tool_call_id"))
     linked = ToolExecution.objects.filter(linked_span_id=OuterRef("pk"))
     return (
@@ -381,42 +436,40 @@ def span_only_calls(project_id: int, start: datetime, end: datetime) -> Any:
     )
 
 
-def _rollups_newer(project_id: int, hour: datetime, began: datetime) -> bool:
-    """Inside the writing transaction: whether a pass that began after ``began``
-    wrote this hour's rollups. The check and the write are one step per hour: on
-    SQLite the IMMEDIATE transaction holds the write lock, on PostgreSQL a
-    transaction-scoped advisory lock on (project, hour) does."""
-    connection = connections[router.db_for_write(ToolHourlyRollup)]
+def _slices_newer(project_id: int, hour: datetime, minutes: list[datetime], began: datetime) -> set[datetime]:
+    """Inside the writing transaction: the minutes of ``hour`` among ``minutes``
+    that a pass begun after ``began`` wrote. The check, the write and the hour's
+    sum are one step per hour: on SQLite the IMMEDIATE transaction holds the write
+    lock, on PostgreSQL a transaction-scoped advisory lock on (project, hour) does."""
+    connection = connections[router.db_for_write(ToolMinuteRollup)]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [project_id, int(hour.timestamp()) // 3600])
-    return ToolHourlyRollup.objects.filter(project_id=project_id, hour=hour, updated_at__gt=began).exists()
+    return set(ToolMinuteRollup.objects.filter(project_id=project_id, minute__in=minutes, updated_at__gt=began)
+               .values_list("minute", flat=True).distinct())
 
 
-def rollup_hours_due(*, project_id: int, hours: Iterable[datetime], interval: timedelta) -> tuple[
+def rollup_minutes_due(*, project_id: int, minutes: Iterable[datetime], interval: timedelta) -> tuple[
         list[datetime], list[datetime], datetime | None]:
-    """(hours due, hours not due yet, when those are due): an hour is due when no
-    pass began recomputing it within ``interval``, or within ROLLUP_COST_SPACING
-    times what its last recompute took. Recomputing a busy hour after every batch
-    reads its whole hour each time (seconds, on every drainer), so the outbox
-    recomputes an hour at most that often and notes the rest for then. The second
-    bound keeps the rollups to about a quarter of a drainer's time however full the
-    hour: 25 minutes into the hour-long soak a recompute took seconds, every 10 s,
-    and was 75 % of the derivation's time, so ingest was slowed to what was left."""
-    hours = sorted(set(hours))
-    if interval <= timedelta(0) or not hours:
-        return hours, [], None
+    """(minutes due, minutes not due yet, when those are due): a minute is due
+    when no pass began recomputing it within ``interval``, or within
+    ROLLUP_COST_SPACING times what its last recompute took. Every batch of a busy
+    minute would otherwise recompute it, on every drainer; the outbox recomputes a
+    minute at most that often and notes the rest for then."""
+    minutes = sorted({minute_of(minute) for minute in minutes})
+    if interval <= timedelta(0) or not minutes:
+        return minutes, [], None
     now = timezone.now()
-    last = dict(ToolHourlyRollup.objects.filter(project_id=project_id, hour__in=hours).values("hour").order_by()
-                .annotate(last=Max("updated_at")).values_list("hour", "last"))
+    last = dict(ToolMinuteRollup.objects.filter(project_id=project_id, minute__in=minutes).values("minute")
+                .order_by().annotate(last=Max("updated_at")).values_list("minute", "last"))
     next_due = {
-        hour: last[hour] + max(interval, timedelta(
-            seconds=ROLLUP_COST_SPACING * _recompute_costs.get((project_id, hour), 0.0)))
-        for hour in hours if hour in last
+        minute: last[minute] + max(interval, timedelta(
+            seconds=ROLLUP_COST_SPACING * _recompute_costs.get((project_id, minute), 0.0)))
+        for minute in minutes if minute in last
     }
-    due = [hour for hour in hours if hour not in next_due or next_due[hour] <= now]
-    later = [hour for hour in hours if hour in next_due and next_due[hour] > now]
-    return due, later, max((next_due[hour] for hour in later), default=None)
+    due = [minute for minute in minutes if minute not in next_due or next_due[minute] <= now]
+    later = [minute for minute in minutes if minute in next_due and next_due[minute] > now]
+    return due, later, max((next_due[minute] for minute in later), default=None)
 
 
 # The span attributes a tool rollup reads, extracted as scalars by the database
@@ -460,8 +513,6 @@ def _add_span(entry: dict[str, Any], duration_ms: float, status_code: int, attri
 def hours_with_rows(*, project_id: int, since: datetime) -> set[datetime]:
     """The hours since ``since`` that have tool executions or tool spans (one
     distinct hour per row group, truncated by the database: never the rows)."""
-    from .services import hour_of
-
     utc = dt_timezone.utc
     hours = set(
         ToolExecution.objects.filter(project_id=project_id, occurred_at__gte=since)

@@ -13,6 +13,8 @@ Every index below serves a query a page makes; the comment says which.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
+from datetime import timezone as dt_timezone
 
 from django.core.files.storage import storages
 from django.core.signals import setting_changed
@@ -552,16 +554,21 @@ class Artifact(models.Model):
         return self.artifact_id
 
 
-class ToolHourlyRollup(models.Model):
-    """One tool's calls in one hour, recomputed whole from the rows (idempotent).
+def hour_of(moment: datetime) -> datetime:
+    """The start of ``moment``'s hour, UTC: a ToolHourlyRollup's ``hour``."""
+    return moment.astimezone(dt_timezone.utc).replace(minute=0, second=0, microsecond=0)
 
-    Counts come from tool executions plus tool spans that no record describes, so a
-    tool traced only through OpenTelemetry still has statistics.
-    """
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tool_rollups")
+def minute_of(moment: datetime) -> datetime:
+    """The start of ``moment``'s minute, UTC: a ToolMinuteRollup's ``minute``."""
+    return moment.astimezone(dt_timezone.utc).replace(second=0, microsecond=0)
+
+
+class ToolRollupFigures(models.Model):
+    """One tool's figures over a span of time: what the hourly rollups and their
+    minute slices both hold."""
+
     tool_name = models.CharField(max_length=ID_LENGTH)
-    hour = models.DateTimeField()  # start of the hour, UTC
     calls = models.PositiveIntegerField(default=0)
     successes = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
@@ -585,12 +592,47 @@ class ToolHourlyRollup(models.Model):
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        abstract = True
+
+
+class ToolHourlyRollup(ToolRollupFigures):
+    """One tool's calls in one hour: the sum of the hour's minute slices
+    (ToolMinuteRollup), rewritten whenever one of them is. What the pages read.
+
+    Counts come from tool executions plus tool spans that no record describes, so a
+    tool traced only through OpenTelemetry still has statistics.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tool_rollups")
+    hour = models.DateTimeField()  # start of the hour, UTC
+
+    class Meta:
         constraints = [
             models.UniqueConstraint(fields=["project", "tool_name", "hour"], name="rollup_unique"),
         ]
         indexes = [
             # tools table over a time range; tool detail charts
             models.Index(fields=["project", "hour"], name="rollup_project_hour"),
+        ]
+
+
+class ToolMinuteRollup(ToolRollupFigures):
+    """One tool's calls in one minute, recomputed whole from the rows (idempotent).
+
+    A batch's rows fall in the minutes around now, so recomputing its minutes reads
+    seconds of rows, where recomputing its hour read up to an hour of them (the
+    recompute then grew through the hour until it was most of the derivation's
+    time). ``updated_at`` is when the pass that wrote the slice began reading.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tool_minute_rollups",
+                                db_index=False)  # the unique key's index begins with it
+    minute = models.DateTimeField()  # start of the minute, UTC
+
+    class Meta:
+        constraints = [
+            # also the index of an hour's slices (project, minute range)
+            models.UniqueConstraint(fields=["project", "minute", "tool_name"], name="minute_rollup_unique"),
         ]
 
 
@@ -620,17 +662,18 @@ class UsageHourlyRollup(models.Model):
 
 class DerivationNote(models.Model):
     """Work to derive, written in the same transaction as the rows it is about (an
-    outbox): conversations whose totals and links to refresh, hours whose tool
-    rollups to recompute, artifacts to link. Drained by the web process's runner or
+    outbox): conversations whose totals and links to refresh, minutes (or whole
+    hours) whose tool rollups to recompute, artifacts to link. Drained by the web process's runner or
     the Celery workers (observatory.outbox); a note is deleted only after its work
     committed, so a crash at any moment leaves it to be drained again (the work is
-    idempotent). A note that keeps failing is split down to one conversation or
-    hour, retried with backoff, and finally parked for an admin to look at.
+    idempotent). A note that keeps failing is split down to one conversation,
+    minute or hour, retried with backoff, and finally parked for an admin to look at.
     """
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     conversation_ids = models.JSONField(default=list)
-    hours = models.JSONField(default=list)  # ISO starts of hours
+    hours = models.JSONField(default=list)  # ISO starts of hours to recompute whole
+    minutes = models.JSONField(default=list)  # ISO starts of minutes whose tool rollups to recompute
     artifact_ids = models.JSONField(default=list)
     trace_ids = models.JSONField(default=list)  # traces whose spans to link to their conversation
     created_at = models.DateTimeField(default=timezone.now)  # after its rows were stored
@@ -651,5 +694,5 @@ class DerivationNote(models.Model):
         ]
 
     def __str__(self) -> str:
-        return (f"note {self.pk}: {len(self.conversation_ids)} conversations, {len(self.hours)} hours, "
-                f"{len(self.trace_ids)} traces")
+        return (f"note {self.pk}: {len(self.conversation_ids)} conversations, {len(self.minutes)} minutes, "
+                f"{len(self.hours)} hours, {len(self.trace_ids)} traces")

@@ -10,13 +10,13 @@ costs one pass, runs the idempotent derivations, and deletes the notes. A draine
 that dies mid-pass leaves its notes to be claimed again when the lease ends. A
 pass reads what its notes' batches brought (the rows received from its earliest
 batch to its latest: ``_rows_window``), not the conversations' history, and
-recomputes an hour's tool rollups at most once per
-OBSERVATORY_ROLLUP_INTERVAL_SECONDS, leaving a note due then for the hours it did
-not (a recompute reads the whole hour).
+recomputes the tool rollups of a minute at most once per
+OBSERVATORY_ROLLUP_INTERVAL_SECONDS, leaving a note due then for the minutes it
+did not (a recompute reads the whole minute).
 
 Failures are contained: when a merged pass fails, each note is derived on its own;
-a failing note with several conversations or hours is split into one note per
-conversation and per hour, so one poisonous conversation never holds back another;
+a failing note with several conversations, minutes or hours is split into one
+note per conversation, minute and hour, so one poisonous conversation never holds back another;
 a single-item note that fails waits (backoff doubling from
 OBSERVATORY_DERIVE_RETRY_SECONDS) and after MAX_ATTEMPTS is parked with its error
 for an admin (``admin/observatory/derivationnote``, "retry now"). A database that
@@ -72,7 +72,7 @@ class DrainOutcome:
 
 def note_write(
     *, project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str],
-    trace_ids: list[str] = (), rows_from: datetime | None = None,
+    trace_ids: list[str] = (), rows_from: datetime | None = None, minutes: list[str] = (),
 ) -> None:
     """Record work to derive; call it inside the transaction that stores the rows
     (``rows_from``: a time taken before they were stamped received).
@@ -82,7 +82,7 @@ def note_write(
     to derive writes a note, and the ORM's ``create`` cost about 0.3 ms more."""
     now = timezone.now()
     values = {
-        "project_id": project_id, "conversation_ids": conversation_ids, "hours": hours,
+        "project_id": project_id, "conversation_ids": conversation_ids, "hours": hours, "minutes": list(minutes),
         "artifact_ids": artifact_ids, "trace_ids": list(trace_ids), "created_at": now, "rows_from": rows_from,
         "available_at": now,
         "claimed_until": None, "attempts": 0, "last_error": "", "parked": False,
@@ -237,18 +237,20 @@ def notes_retry(*, ids: Iterable[int]) -> int:
 
 def _merged(
     notes: list[DerivationNote],
-) -> tuple[list[int], list[str], list[str], list[str], datetime, datetime]:
+) -> tuple[list[int], list[str], list[str], list[str], list[str], datetime, datetime]:
     conversations: set[int] = set()
     hours: set[str] = set()
+    minutes: set[str] = set()
     artifacts: set[str] = set()
     traces: set[str] = set()
     for note in notes:
         conversations.update(note.conversation_ids)
         hours.update(note.hours)
+        minutes.update(note.minutes)
         artifacts.update(note.artifact_ids)
         traces.update(note.trace_ids)
     since, until = _rows_window(notes)
-    return sorted(conversations), sorted(hours), sorted(artifacts), sorted(traces), since, until
+    return sorted(conversations), sorted(hours), sorted(minutes), sorted(artifacts), sorted(traces), since, until
 
 
 def _rows_window(notes: list[DerivationNote]) -> tuple[datetime, datetime]:
@@ -261,7 +263,7 @@ def _rows_window(notes: list[DerivationNote]) -> tuple[datetime, datetime]:
     16-minute soak one drainer sat on a pass of 500 notes reading 16 minutes of
     rows, and 30,171 notes did not move in three minutes. Rows received later belong
     to later notes. Without ``rows_from`` each pass read the 60 s before its notes
-    again. Notes about hours alone (rollups due later) say nothing about rows."""
+    again. Notes about minutes or hours alone (rollups due later) say nothing about rows."""
     about_rows = [note for note in notes if note.conversation_ids or note.trace_ids] or notes
     since = min(note.rows_from - CLOCK_SLACK if note.rows_from else note.created_at - ROWS_BEFORE_NOTE
                 for note in about_rows)
@@ -269,13 +271,13 @@ def _rows_window(notes: list[DerivationNote]) -> tuple[datetime, datetime]:
 
 
 def _derive(
-    project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str], trace_ids: list[str] = (),
-    since: datetime | None = None, until: datetime | None = None,
+    project_id: int, conversation_ids: list[int], hours: list[str], minutes: list[str], artifact_ids: list[str],
+    trace_ids: list[str] = (), since: datetime | None = None, until: datetime | None = None,
 ) -> None:
     from . import derivations, span_rows, tasks
 
     conversation_ids = list(conversation_ids)
-    hours = list(hours)
+    minutes = list(minutes)
     linked_traces: set[str] = set()
     if trace_ids:
         # Late spans: link the rest of each trace to the conversation one of its spans names.
@@ -292,29 +294,31 @@ def _derive(
             # Rounds, messages and tool executions from model-call and tool spans.
             # Only what these notes' batches brought: the spans received between since and
             # until, and the spans of the traces linked above (late spans, whenever received).
-            derived_hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=rest, since=since,
-                                                       until=until, trace_ids=sorted(linked_traces))
-            hours = sorted(set(hours) | {hour.isoformat() for hour in derived_hours})
+            derived_minutes = span_rows.span_rows_derive(project_id=project_id, conversation_ids=rest, since=since,
+                                                         until=until, trace_ids=sorted(linked_traces))
+            minutes = sorted(set(minutes) | {minute.isoformat() for minute in derived_minutes})
             tasks.conversation_totals_refresh(rest)
-    if hours:
-        _rollups_refresh(project_id, hours)
+    if hours or minutes:
+        _rollups_refresh(project_id, hours, minutes)
     if artifact_ids:
         tasks.links_refresh(project_id, None, artifact_ids)
 
 
-def _rollups_refresh(project_id: int, hours: list[str]) -> None:
-    """Recompute the hours due now; note the others for when they are due (an hour
-    at most once per OBSERVATORY_ROLLUP_INTERVAL_SECONDS: see rollup_hours_due)."""
-    from . import derivations, services, tasks
+def _rollups_refresh(project_id: int, hours: list[str], minutes: list[str]) -> None:
+    """Recompute the minutes due now (those of whole hours included); note the
+    others for when they are due (a minute at most once per
+    OBSERVATORY_ROLLUP_INTERVAL_SECONDS: see rollup_minutes_due)."""
+    from . import derivations, tasks
 
-    due, later, when = derivations.rollup_hours_due(
-        project_id=project_id, hours=[services.hour_of(datetime.fromisoformat(hour)) for hour in hours],
+    due, later, when = derivations.rollup_minutes_due(
+        project_id=project_id, minutes=derivations.rollup_minutes(
+            hours=map(datetime.fromisoformat, hours), minutes=map(datetime.fromisoformat, minutes)),
         interval=timedelta(seconds=settings.OBSERVATORY_ROLLUP_INTERVAL_SECONDS),
     )
     if due:
-        tasks.tool_rollups_refresh(project_id, [hour.isoformat() for hour in due])
+        tasks.tool_rollups_refresh(project_id, [], [minute.isoformat() for minute in due])
     if later:
-        DerivationNote.objects.create(project_id=project_id, hours=[hour.isoformat() for hour in later],
+        DerivationNote.objects.create(project_id=project_id, minutes=[minute.isoformat() for minute in later],
                                       available_at=when)
 
 
@@ -335,6 +339,7 @@ def _failed(note: DerivationNote, exc: Exception, outcome: DrainOutcome) -> None
     items = (
         [dict(conversation_ids=[c]) for c in note.conversation_ids]
         + [dict(hours=[h]) for h in note.hours]
+        + [dict(minutes=[m]) for m in note.minutes]
         + [dict(artifact_ids=[a]) for a in note.artifact_ids]
         + [dict(trace_ids=[t]) for t in note.trace_ids]
     )

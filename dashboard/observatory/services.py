@@ -46,9 +46,12 @@ from .models import (
     Span,
     ToolExecution,
     ToolHourlyRollup,
+    ToolMinuteRollup,
     UsageHourlyRollup,
     artifact_file_name,
     artifact_storage,
+    hour_of,
+    minute_of,
 )
 from .partitions import span_retention_cutoff
 
@@ -58,11 +61,7 @@ class StoreOutcome:
     accepted: int = 0
     duplicates: int = 0
     conversation_ids: set[int] = field(default_factory=set)
-    tool_hours: set[datetime] = field(default_factory=set)
-
-
-def hour_of(moment: datetime) -> datetime:
-    return moment.astimezone(dt_timezone.utc).replace(minute=0, second=0, microsecond=0)
+    tool_minutes: set[datetime] = field(default_factory=set)  # of the tool results stored
 
 
 # --- records ----------------------------------------------------------------------
@@ -282,7 +281,7 @@ def records_store(*, project: Project, records: Sequence[Any]) -> StoreOutcome:
             # conversations of duplicates too is harmless (derivations recompute).
             outcome.conversation_ids.update(row["conversation_id"] for row in rows)
             if record_type == "tool_result":
-                outcome.tool_hours.update(hour_of(record.occurred_at) for record in items)
+                outcome.tool_minutes.update(minute_of(record.occurred_at) for record in items)
     return outcome
 
 
@@ -422,9 +421,10 @@ def derivations_enqueue(
     artifact_ids: Iterable[str] = (),
     trace_ids: Iterable[str] = (),
     rows_from: datetime | None = None,
+    minutes: Iterable[datetime] = (),
 ) -> None:
-    """Record the derivations a write needs: conversation totals, hourly tool
-    rollups, links between spans, records and artifacts, traces whose spans to link. Records, OTLP spans and
+    """Record the derivations a write needs: conversation totals, tool rollups
+    of the minutes its tool rows fall in (or of whole hours), links between spans, records and artifacts, traces whose spans to link. Records, OTLP spans and
     artifact uploads all come here, inside the transaction that stores their rows:
     the note (observatory.outbox) commits with them or not at all, so a crash never
     loses derivations of acknowledged rows. After the commit the drainer is told.
@@ -435,12 +435,13 @@ def derivations_enqueue(
 
     conversation_list = sorted(set(conversation_ids))
     hour_list = sorted({hour_of(hour).isoformat() for hour in hours})
+    minute_list = sorted({minute_of(minute).isoformat() for minute in minutes})
     artifact_list = sorted(set(artifact_ids))
     trace_list = sorted(set(trace_ids))
-    if not conversation_list and not hour_list and not artifact_list and not trace_list:
+    if not conversation_list and not hour_list and not minute_list and not artifact_list and not trace_list:
         return
-    note_write(project_id=project_id, conversation_ids=conversation_list, hours=hour_list, artifact_ids=artifact_list,
-               trace_ids=trace_list, rows_from=rows_from)
+    note_write(project_id=project_id, conversation_ids=conversation_list, hours=hour_list, minutes=minute_list,
+               artifact_ids=artifact_list, trace_ids=trace_list, rows_from=rows_from)
     # robust: the batch and its note are committed; a failing notification (broker
     # down, an eager task error) is logged and the note drained by the next poll.
     transaction.on_commit(notify, robust=True)
@@ -591,6 +592,7 @@ def retention_purge(*, project: Project, now: datetime | None = None) -> PurgeOu
         deleted, _ = model.objects.filter(project=project, occurred_at__lt=record_cutoff).delete()
         outcome.records += deleted
     ToolHourlyRollup.objects.filter(project=project, hour__lt=record_cutoff - timedelta(hours=1)).delete()
+    ToolMinuteRollup.objects.filter(project=project, minute__lt=record_cutoff - timedelta(hours=1)).delete()
     UsageHourlyRollup.objects.filter(project=project, hour__lt=record_cutoff - timedelta(hours=1)).delete()  # [costs]
     _, deleted_by_model = Conversation.objects.filter(
         project=project, last_activity_at__lt=record_cutoff

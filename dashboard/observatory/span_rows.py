@@ -37,7 +37,7 @@ from dashboard.priority import yield_to_pages
 
 from . import conventions
 from .conventions import CHAT, EXECUTE_TOOL, MessageFact, span_facts
-from .models import Message, Round, Source, Span, ToolExecution
+from .models import Message, Round, Source, Span, ToolExecution, minute_of
 
 NAMESPACE = uuid.UUID("6f1d1c2e-5b0a-4c1e-9d3c-7a7f0e6b5a10")
 CHUNK = 500
@@ -54,7 +54,7 @@ def span_rows_derive(
     *, project_id: int, conversation_ids: Iterable[int], since: datetime | None = None,
     trace_ids: Iterable[str] = (), until: datetime | None = None,
 ) -> set[datetime]:
-    """Derive what is new in these conversations; returns the hours whose tool
+    """Derive what is new in these conversations; returns the minutes whose tool
     rollups changed (new or removed tool executions).
 
     With ``since`` and ``until`` (after batches: when the outbox's notes' batches were
@@ -68,11 +68,11 @@ def span_rows_derive(
     by that whatever a backlog holds."""
     ids = sorted(set(conversation_ids))
     traces = sorted({trace for trace in trace_ids if trace})
-    hours: set[datetime] = set()
+    minutes: set[datetime] = set()
     received = received_window(since, until)
     for start in range(0, len(ids), CHUNK):
-        hours |= _conversations(project_id, ids[start:start + CHUNK], received, traces)
-    return hours
+        minutes |= _conversations(project_id, ids[start:start + CHUNK], received, traces)
+    return minutes
 
 
 def received_window(since: datetime | None, until: datetime | None) -> dict[str, datetime] | None:
@@ -81,12 +81,6 @@ def received_window(since: datetime | None, until: datetime | None) -> dict[str,
     if since is None:
         return None
     return {"received_at__gte": since, **({"received_at__lte": until} if until else {})}
-
-
-def _hour(moment: datetime) -> datetime:
-    from .services import hour_of
-
-    return hour_of(moment)
 
 
 CANDIDATES = 1_000  # candidate spans read, and derived in one transaction, at a time
@@ -135,9 +129,9 @@ def _candidate_chunks(project_id: int, ids: list[int], operation: str, received:
 
 def _conversations(project_id: int, ids: list[int], received: dict[str, datetime] | None,
                    traces: list[str]) -> set[datetime]:
-    hours: set[datetime] = set()
+    minutes: set[datetime] = set()
     with transaction.atomic():
-        _records_win(project_id, ids, hours, received)
+        _records_win(project_id, ids, minutes, received)
     # Candidates are read before each transaction (on SQLite it holds the write lock),
     # at most CANDIDATES of each operation; each transaction is whole: the rounds it
     # adds are numbered in it and its tool executions get their rounds in it (a later
@@ -165,11 +159,11 @@ def _conversations(project_id: int, ids: list[int], received: dict[str, datetime
             if calls_by is None or renumber:
                 calls_by = _calls_by_round(ids)
             for start in range(0, len(new_tools), CHUNK):
-                hours |= _tools_from(project_id, new_tools[start:start + CHUNK], calls_by)
+                minutes |= _tools_from(project_id, new_tools[start:start + CHUNK], calls_by)
             _assign_rounds(ids, calls_by)
     with transaction.atomic():
         _user_from_naming_spans(ids)
-    return hours
+    return minutes
 
 
 def _paired(chats: Iterator[list[tuple]], tools: Iterator[list[tuple]]) -> Iterator[tuple[list[tuple], list[tuple]]]:
@@ -210,7 +204,7 @@ def _user_from_naming_spans(ids: list[int]) -> None:
 
 # --- a pipeline record wins -------------------------------------------------------------
 
-def _records_win(project_id: int, ids: list[int], hours: set[datetime],
+def _records_win(project_id: int, ids: list[int], minutes: set[datetime],
                  received: dict[str, datetime] | None) -> None:
     """Derived rounds of a trace a round record now describes, and derived tool
     executions of a call a record now holds, give way to the records. With
@@ -252,7 +246,7 @@ def _records_win(project_id: int, ids: list[int], hours: set[datetime],
         if linked is None and span_pk is not None:
             ToolExecution.objects.filter(pk=record_pk).update(linked_span_id=span_pk)
         ToolExecution.objects.filter(pk=pk).delete()
-        hours.add(_hour(occurred))
+        minutes.add(minute_of(occurred))
 
 
 # --- rounds and messages ------------------------------------------------------------------
@@ -427,7 +421,7 @@ def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> 
     from .services import insert_ignoring_conflicts
 
     spans = list(Span.objects.filter(pk__in=span_pks).order_by("start_time", "id").only(*_SPAN_FIELDS))
-    rows, hours = [], set()
+    rows, minutes = [], set()
     by_call = calls["by_call"]
     read = []
     for span in spans:
@@ -469,9 +463,9 @@ def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> 
             success=not failed, error_type=(facts.error_type or ("error" if failed else ""))[:200],
             error_message=_error_message(span) if failed else "", duration_ms=span.duration_ms,
         ))
-        hours.add(_hour(span.start_time))
+        minutes.add(minute_of(span.start_time))
     insert_ignoring_conflicts(ToolExecution, rows)
-    return hours
+    return minutes
 
 
 def _used_calls(conversation_ids: Iterable[int], call_ids: set[str]) -> set[tuple[int, str]]:

@@ -22,10 +22,11 @@ def conversation_totals_refresh(conversation_ids: list[int]) -> int:
 
 
 @shared_task(name="observatory.tool_rollups_refresh")
-def tool_rollups_refresh(project_id: int, hours: list[str]) -> int:
-    """``hours`` are ISO timestamps of hour starts (JSON-safe for the broker)."""
+def tool_rollups_refresh(project_id: int, hours: list[str], minutes: list[str] | None = None) -> int:
+    """``hours`` (recomputed whole) and ``minutes`` are ISO timestamps (JSON-safe for the broker)."""
     return derivations.tool_rollups_refresh(
-        project_id=project_id, hours=[services.hour_of(datetime.fromisoformat(hour)) for hour in hours]
+        project_id=project_id, hours=[datetime.fromisoformat(hour) for hour in hours],
+        minutes=[datetime.fromisoformat(minute) for minute in minutes or ()],
     )
 
 
@@ -49,12 +50,12 @@ def links_refresh(
     if counts["conversation_ids"]:
         # Spans that just joined a conversation may be model or tool calls: their rows first
         # (after a batch: the spans received since, and those of the traces just linked).
-        hours = span_rows.span_rows_derive(project_id=project_id, conversation_ids=counts["conversation_ids"],
-                                           since=since_time, until=until_time,
-                                           trace_ids=[*counts["trace_ids"], *(trace_ids or ())])
+        minutes = span_rows.span_rows_derive(project_id=project_id, conversation_ids=counts["conversation_ids"],
+                                             since=since_time, until=until_time,
+                                             trace_ids=[*counts["trace_ids"], *(trace_ids or ())])
         derivations.conversation_totals_refresh(conversation_ids=counts["conversation_ids"])
-        if hours:
-            derivations.tool_rollups_refresh(project_id=project_id, hours=hours)
+        if minutes:
+            derivations.tool_rollups_refresh(project_id=project_id, minutes=minutes)
     if artifact_ids is None or conversation_ids is not None:
         # Log records that arrived before their span get the span's conversation.
         counts["log_records"] = derivations.log_records_link(

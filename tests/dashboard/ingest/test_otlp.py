@@ -368,7 +368,10 @@ def test_it_enqueues_nothing_for_plain_spans_or_a_retried_batch(client, auth, dj
     assert callbacks == []
 
 
-def test_it_uses_a_constant_number_of_queries_whatever_the_batch_size(client, auth):
+def test_it_uses_a_constant_number_of_queries_whatever_the_batch_size(client, auth, settings):
+    # The derivation backlog is read at most once a second: a query in some requests, not others.
+    settings.OBSERVATORY_DERIVE_BACKLOG_SECONDS = 0
+
     def queries_for(count: int) -> int:
         attributes = genai(gen_ai__conversation__id="conv-q", gen_ai__tool__name="t", gen_ai__tool__call__id="c")
         body = make_request(count, attributes=attributes).SerializeToString()
@@ -612,3 +615,20 @@ def test_its_note_holds_when_the_batchs_spans_were_received(client, auth, projec
     note = DerivationNote.objects.get(project=project)
     received = set(Span.objects.filter(project=project).values_list("received_at", flat=True))
     assert received == {note.rows_from} and note.rows_from <= note.created_at
+
+
+def test_its_note_names_the_minutes_of_the_batchs_tool_spans(client, auth, project, monkeypatch):
+    """The tool rollups of those minutes are recomputed, not of their hours."""
+    from datetime import datetime, timezone as dt_timezone
+
+    from dashboard.observatory import dispatch
+
+    monkeypatch.setattr(dispatch, "notify", lambda: None)  # the note stays to be read
+    request = make_request(3, attributes=genai(gen_ai__operation__name="execute_tool", gen_ai__tool__name="search"))
+    request.resource_spans[0].scope_spans[0].spans[2].start_time_unix_nano += 90 * 10**9  # a minute and a half on
+    assert post(client, request.SerializeToString(), auth).status_code == 200
+    note = DerivationNote.objects.get(project=project)
+    minute = START // 10**9 // 60 * 60
+    assert note.minutes == [datetime.fromtimestamp(second, dt_timezone.utc).isoformat()
+                            for second in (minute, minute + 60)]
+    assert note.hours == []

@@ -12,7 +12,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from dashboard.observatory import outbox, tasks
-from dashboard.observatory.models import Conversation, DerivationNote, ToolHourlyRollup
+from dashboard.observatory.models import Conversation, DerivationNote, ToolHourlyRollup, ToolMinuteRollup
 from dashboard.observatory.services import derivations_enqueue
 
 pytestmark = pytest.mark.django_db
@@ -265,9 +265,9 @@ def test_the_window_of_notes_without_rows_from_keeps_the_margin_and_ignores_hour
     assert outbox._rows_window([batch, older])[0] == older.created_at - outbox.ROWS_BEFORE_NOTE
 
 
-def test_it_recomputes_a_busy_hour_at_most_once_an_interval(client, auth, records, crash_after_commit, settings):
-    """Each recompute reads the whole hour: between two, the notes of that hour wait
-    in one note due when the interval ends, and then the rollup counts every row."""
+def test_it_recomputes_a_busy_minute_at_most_once_an_interval(client, auth, records, crash_after_commit, settings):
+    """Each recompute reads the whole minute: between two, the notes of that minute
+    wait in one note due when the interval ends, and then the rollup counts every row."""
     settings.OBSERVATORY_ROLLUP_INTERVAL_SECONDS = 60
     post(client, auth, [records.tool_result(conversation="a")])
     outbox.outbox_drain_all()
@@ -277,33 +277,51 @@ def test_it_recomputes_a_busy_hour_at_most_once_an_interval(client, auth, record
     assert ToolHourlyRollup.objects.get().calls == 1  # not yet
     assert Conversation.objects.get().tool_calls == 2  # the conversation's totals do not wait
     waiting = DerivationNote.objects.get()
-    began = ToolHourlyRollup.objects.get().updated_at
-    assert waiting.hours and waiting.available_at == began + timedelta(seconds=60)
-    ToolHourlyRollup.objects.update(updated_at=began - timedelta(seconds=60))  # the interval passes
+    began = ToolMinuteRollup.objects.get().updated_at
+    assert waiting.minutes and not waiting.hours and waiting.available_at == began + timedelta(seconds=60)
+    ToolMinuteRollup.objects.update(updated_at=began - timedelta(seconds=60))  # the interval passes
     DerivationNote.objects.update(available_at=timezone.now())
     outbox.outbox_drain_all()
     assert ToolHourlyRollup.objects.get().calls == 2
     assert not DerivationNote.objects.exists()
 
 
-def test_a_costly_hour_is_recomputed_at_most_once_per_four_times_its_cost(
+def test_a_costly_minute_is_recomputed_at_most_once_per_four_times_its_cost(
         client, auth, records, crash_after_commit, settings, monkeypatch):
-    """However full the hour, its recomputes take at most about a quarter of the drainer's time."""
+    """However full the minute, its recomputes take at most about a quarter of the drainer's time."""
     from dashboard.observatory import derivations
 
     settings.OBSERVATORY_ROLLUP_INTERVAL_SECONDS = 10
     post(client, auth, [records.tool_result(conversation="a")])
     outbox.outbox_drain_all()
-    rollup = ToolHourlyRollup.objects.get()
-    assert derivations._recompute_costs[(rollup.project_id, rollup.hour)] >= 0  # what it took, noted
-    monkeypatch.setitem(derivations._recompute_costs, (rollup.project_id, rollup.hour), 30.0)  # it took 30 s
-    began = rollup.updated_at - timedelta(seconds=60)  # past the interval, within 4 x 30 s
-    ToolHourlyRollup.objects.update(updated_at=began)
+    slice_ = ToolMinuteRollup.objects.get()
+    assert derivations._recompute_costs[(slice_.project_id, slice_.minute)] >= 0  # what it took, noted
+    monkeypatch.setitem(derivations._recompute_costs, (slice_.project_id, slice_.minute), 30.0)  # it took 30 s
+    began = slice_.updated_at - timedelta(seconds=60)  # past the interval, within 4 x 30 s
+    ToolMinuteRollup.objects.update(updated_at=began)
     post(client, auth, [records.tool_result(conversation="a")])
     outbox.outbox_drain_all()
     assert ToolHourlyRollup.objects.get().calls == 1  # not yet
     assert Conversation.objects.get().tool_calls == 2  # the totals do not wait
     assert DerivationNote.objects.get().available_at == began + timedelta(seconds=120)
+
+
+def test_a_batchs_pass_recomputes_only_the_minutes_of_its_tool_rows(
+        client, auth, records, crash_after_commit, monkeypatch):
+    """Not the hour: 25 minutes into the hour-long soak, recomputing whole hours was
+    75 % of the derivation's time."""
+    from dashboard.observatory import derivations
+    from dashboard.observatory.models import minute_of
+
+    read = []
+    real = derivations._minute_stats
+    monkeypatch.setattr(derivations, "_minute_stats", lambda project_id, start: read.append(start) or real(
+        project_id, start))
+    at = records.now - timedelta(minutes=30)
+    post(client, auth, [records.tool_result(conversation="a", at=at), records.message(conversation="a")])
+    outbox.outbox_drain_all()
+    assert read == [minute_of(at)]
+    assert ToolHourlyRollup.objects.get().calls == 1
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 def store(project, batch):
     outcome = records_store(project=project, records=[parse_record(item) for item in batch])
     tasks.conversation_totals_refresh(sorted(outcome.conversation_ids))
-    tasks.tool_rollups_refresh(project.pk, sorted(h.isoformat() for h in outcome.tool_hours))
+    tasks.tool_rollups_refresh(project.pk, [], sorted(m.isoformat() for m in outcome.tool_minutes))
 
 
 def test_it_lists_filters_and_pages_conversations(member_client, project, records):

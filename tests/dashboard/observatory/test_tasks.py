@@ -21,8 +21,9 @@ from dashboard.observatory.models import (
     Span,
     ToolExecution,
     ToolHourlyRollup,
+    ToolMinuteRollup,
 )
-from dashboard.observatory.services import hour_of, records_store, retention_purge
+from dashboard.observatory.services import hour_of, minute_of, records_store, retention_purge
 from pipeline import parse_record
 
 pytestmark = pytest.mark.django_db
@@ -147,7 +148,7 @@ def test_it_matches_rollups_to_a_recomputation_from_rows(project, records):
                     **({} if success else {"error_type": rng.choice(["timeout", "not_found", ""])})},
         ))
     outcome = store(project, batch)
-    tasks.tool_rollups_refresh(project.pk, sorted(h.isoformat() for h in outcome.tool_hours))
+    tasks.tool_rollups_refresh(project.pk, [], sorted(m.isoformat() for m in outcome.tool_minutes))
     expected = expected_rollups(project)
     rollups = {(r.tool_name, r.hour): r for r in ToolHourlyRollup.objects.filter(project=project)}
     assert set(rollups) == set(expected)
@@ -162,13 +163,13 @@ def test_it_matches_rollups_to_a_recomputation_from_rows(project, records):
 
 def test_it_gives_the_same_rollups_when_run_twice_and_drops_stale_ones(project, records):
     outcome = store(project, [records.tool_result(tool="a"), records.tool_result(tool="b")])
-    hours = sorted(h.isoformat() for h in outcome.tool_hours)
-    tasks.tool_rollups_refresh(project.pk, hours)
+    minutes = sorted(m.isoformat() for m in outcome.tool_minutes)
+    tasks.tool_rollups_refresh(project.pk, [], minutes)
     first = snapshot(list(ToolHourlyRollup.objects.order_by("tool_name")))
-    tasks.tool_rollups_refresh(project.pk, hours)
+    tasks.tool_rollups_refresh(project.pk, [], minutes)
     assert snapshot(list(ToolHourlyRollup.objects.order_by("tool_name"))) == first
     ToolExecution.objects.filter(tool_name="b").delete()
-    tasks.tool_rollups_refresh(project.pk, hours)
+    tasks.tool_rollups_refresh(project.pk, [], minutes)
     assert list(ToolHourlyRollup.objects.values_list("tool_name", flat=True)) == ["a"]
 
 
@@ -228,6 +229,44 @@ def test_it_reads_span_facts_of_every_json_type_like_the_rows_say(project, recor
     assert sum(rollup.error_types.values()) == 1
 
 
+def test_a_minutes_recompute_reads_that_minute_and_the_hour_sums_its_slices(project, records):
+    """A batch's pass recomputes the minutes its rows fall in, never the rest of the
+    hour: a row stored in another minute since is not counted until that minute is
+    recomputed, and the other minutes' figures stay in the hour's sum."""
+    hour = hour_of(records.now) - timedelta(hours=2)
+    first, second = hour + timedelta(minutes=5, seconds=10), hour + timedelta(minutes=41, seconds=59)
+    outcome = store(project, [records.tool_result(tool="a", at=first, duration_ms=4.0),
+                              records.tool_result(tool="a", at=second, duration_ms=1200.0, success=False,
+                                                  result={"error_type": "timeout"})])
+    assert outcome.tool_minutes == {minute_of(first), minute_of(second)}
+    tasks.tool_rollups_refresh(project.pk, [], sorted(m.isoformat() for m in outcome.tool_minutes))
+    slices = {row.minute: row.calls for row in ToolMinuteRollup.objects.all()}
+    assert slices == {minute_of(first): 1, minute_of(second): 1}
+    store(project, [records.tool_result(tool="a", at=second + timedelta(seconds=-30))])  # not yet recomputed
+    store(project, [records.tool_result(tool="b", at=first)])
+    tasks.tool_rollups_refresh(project.pk, [], [minute_of(first).isoformat()])
+    rollups = {row.tool_name: row for row in ToolHourlyRollup.objects.all()}
+    assert (rollups["a"].calls, rollups["a"].errors, rollups["a"].timeouts, rollups["b"].calls) == (2, 1, 1, 1)
+    assert rollups["a"].error_types == {"timeout": 1} and rollups["a"].duration_sum_ms == 1204.0
+    assert rollups["a"].latency_histogram == histogram_of([4.0, 1200.0])
+    tasks.tool_rollups_refresh(project.pk, [], [minute_of(second).isoformat()])
+    assert ToolHourlyRollup.objects.get(tool_name="a").calls == 3
+
+
+def test_an_hours_recompute_writes_a_slice_for_every_minute_with_rows(project, records):
+    """The sweep, a repricing and notes from before the slices name whole hours."""
+    hour = hour_of(records.now) - timedelta(hours=5)
+    store(project, [records.tool_result(tool="a", at=hour + timedelta(minutes=m, seconds=m)) for m in (0, 7, 7, 59)])
+    store(project, [records.tool_result(tool="a", at=hour + timedelta(hours=1))])  # the next hour: not read
+    assert tasks.tool_rollups_refresh(project.pk, [hour.isoformat()]) == 1
+    slices = dict(ToolMinuteRollup.objects.values_list("minute", "calls"))
+    assert slices == {hour: 1, hour + timedelta(minutes=7): 2, hour + timedelta(minutes=59): 1}
+    assert list(ToolHourlyRollup.objects.values_list("hour", "calls")) == [(hour, 4)]
+    ToolExecution.objects.all().delete()
+    tasks.tool_rollups_refresh(project.pk, [hour.isoformat()])
+    assert not ToolMinuteRollup.objects.exists() and not ToolHourlyRollup.objects.exists()
+
+
 # --- links --------------------------------------------------------------------------------
 
 def test_it_links_tool_executions_and_spans_by_tool_call_id(project, records):
@@ -272,8 +311,12 @@ def test_it_purges_past_retention_and_nothing_more_on_a_second_run(project, reco
     import io
 
     old = datetime.now(timezone.utc) - timedelta(days=400)
-    store(project, [records.message(conversation="old", at=old), records.message(conversation="new")])
+    outcome = store(project, [records.message(conversation="old", at=old), records.message(conversation="new"),
+                              records.tool_result(conversation="old", at=old),
+                              records.tool_result(conversation="new")])
     tasks.conversation_totals_refresh(list(Conversation.objects.values_list("pk", flat=True)))
+    tasks.tool_rollups_refresh(project.pk, [], sorted(m.isoformat() for m in outcome.tool_minutes))
+    assert ToolMinuteRollup.objects.count() == ToolHourlyRollup.objects.count() == 2
     span(project, span_id="1" * 16, start=old)
     span(project, span_id="2" * 16)
     data = b"old bytes"
@@ -284,6 +327,8 @@ def test_it_purges_past_retention_and_nothing_more_on_a_second_run(project, reco
     assert (first.spans, first.conversations, first.artifacts) == (1, 1, 1)
     assert list(Conversation.objects.values_list("external_id", flat=True)) == ["new"]
     assert Message.objects.count() == 1 and Span.objects.count() == 1
+    assert list(ToolMinuteRollup.objects.values_list("minute", flat=True)) == [minute_of(records.now)]
+    assert list(ToolHourlyRollup.objects.values_list("hour", flat=True)) == [hour_of(records.now)]
     assert [p for p in _test_settings.rglob("*") if p.is_file()] == []
     second = retention_purge(project=project)
     assert (second.spans, second.records, second.conversations, second.artifacts) == (0, 0, 0, 0)
@@ -297,20 +342,20 @@ def test_it_runs_the_beat_tasks_over_all_projects(project, records):
 
 
 def test_it_never_overwrites_rollups_with_those_of_a_pass_that_began_earlier(project, records, monkeypatch):
-    """Two drainers recompute one hour; the one that began reading first finishes
+    """Two drainers recompute one minute; the one that began reading first finishes
     last. Its figures are older than what is stored, so it writes nothing."""
     from dashboard.observatory import derivations
 
     outcome = store(project, [records.tool_result(tool="a")])
-    hours = sorted(h.isoformat() for h in outcome.tool_hours)
+    minutes = sorted(m.isoformat() for m in outcome.tool_minutes)
     began = datetime.now(timezone.utc) - timedelta(seconds=5)  # the slow pass began reading here
     store(project, [records.tool_result(tool="a")])
-    tasks.tool_rollups_refresh(project.pk, hours)  # the fast pass, begun later, saw both rows
+    tasks.tool_rollups_refresh(project.pk, [], minutes)  # the fast pass, begun later, saw both rows
     assert ToolHourlyRollup.objects.get().calls == 2
     real_now = derivations.timezone.now
     monkeypatch.setattr(derivations.timezone, "now", lambda: began)
     ToolExecution.objects.filter(pk=ToolExecution.objects.order_by("-pk")[0].pk).delete()  # what the slow pass read
-    tasks.tool_rollups_refresh(project.pk, hours)
+    tasks.tool_rollups_refresh(project.pk, [], minutes)
     monkeypatch.setattr(derivations.timezone, "now", real_now)
     assert ToolHourlyRollup.objects.get().calls == 2  # the stale figures were not written
 

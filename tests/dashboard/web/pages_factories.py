@@ -28,7 +28,7 @@ def store(project: Any, records: list[dict[str, Any]]) -> services.StoreOutcome:
         outcome = services.records_store(project=project, records=parsed)
     derivations.links_refresh(project_id=project.pk)
     derivations.conversation_totals_refresh(conversation_ids=outcome.conversation_ids)
-    derivations.tool_rollups_refresh(project_id=project.pk, hours=outcome.tool_hours)
+    derivations.tool_rollups_refresh(project_id=project.pk, minutes=outcome.tool_minutes)
     return outcome
 
 

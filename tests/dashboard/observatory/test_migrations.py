@@ -1,0 +1,47 @@
+"""Migrations that move derived data: what was derived before is derived again."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+from dashboard.observatory import outbox, tasks
+from dashboard.observatory.models import DerivationNote, ToolExecution, ToolHourlyRollup, ToolMinuteRollup, hour_of
+from dashboard.observatory.services import records_store
+from pipeline import parse_record
+
+
+def migrate(target: str) -> None:
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate([("observatory", target)])
+
+
+@pytest.mark.django_db(transaction=True)  # migrations change the schema
+def test_the_hours_rolled_up_before_minute_slices_are_recomputed_into_slices(project, records):
+    """0015: an hour's rollup becomes the sum of its minute slices. The hours rolled up
+    before have none, so each gets a note to recompute it whole; a minute recomputed
+    before that note is drained leaves the hour with that minute alone until it is."""
+    hours = [hour_of(records.now) - timedelta(hours=n) for n in (30, 2)]
+    records_store(project=project, records=[
+        parse_record(records.tool_result(tool="search", at=hour + timedelta(minutes=minute)))
+        for hour in hours for minute in (1, 15, 59)
+    ])
+    try:
+        migrate("0014_span_tool_underived")
+        for hour in hours:  # the rollups of before: the hour's calls, no slices
+            ToolHourlyRollup.objects.create(project=project, tool_name="search", hour=hour, calls=3, successes=3)
+        migrate("0015_tool_minute_rollups")
+    finally:
+        migrate("0015_tool_minute_rollups")
+    (note,) = DerivationNote.objects.all()
+    assert note.hours == [hour.isoformat() for hour in hours] and not ToolMinuteRollup.objects.exists()
+    tasks.tool_rollups_refresh(project.pk, [], [(hours[1] + timedelta(minutes=15)).isoformat()])  # a batch's pass
+    assert ToolHourlyRollup.objects.get(hour=hours[1]).calls == 1  # for now: the hour's note puts the rest back
+    outbox.outbox_drain_all()
+    assert dict(ToolHourlyRollup.objects.values_list("hour", "calls")) == {hour: 3 for hour in hours}
+    assert ToolMinuteRollup.objects.count() == 6
+    assert ToolExecution.objects.count() == 6
