@@ -160,7 +160,7 @@ def _conversations(project_id: int, ids: list[int], received: dict[str, datetime
                 calls_by = _calls_by_round(ids)
             for start in range(0, len(new_tools), CHUNK):
                 minutes |= _tools_from(project_id, new_tools[start:start + CHUNK], calls_by)
-            _assign_rounds(ids, calls_by)
+            _assign_rounds(project_id, ids, calls_by)
     with transaction.atomic():
         _user_from_naming_spans(ids)
     return minutes
@@ -225,7 +225,8 @@ def _records_win(project_id: int, ids: list[int], minutes: set[datetime],
         traces = sorted(set(record_rounds.filter(**fresh).exclude(trace_id="").values_list("trace_id", flat=True)))
         calls = sorted(set(records.filter(**fresh).exclude(tool_call_id="").values_list("tool_call_id", flat=True)))
         doomed = [spans_rounds.filter(trace_id__in=traces[i:i + CHUNK]) for i in range(0, len(traces), CHUNK)]
-        described = [derived.filter(tool_call_id__in=calls[i:i + CHUNK]) for i in range(0, len(calls), CHUNK)]
+        described = [calls_held(project_id, ids, calls[i:i + CHUNK]).filter(source=Source.SPAN)
+                     for i in range(0, len(calls), CHUNK)]
     gone = [row for query in doomed for row in query.values_list("pk", "conversation_id", "round_id")]
     if gone:
         for conversation_id in {c for _, c, _ in gone}:
@@ -428,7 +429,8 @@ def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> 
         facts = span_facts(span.attributes, span.resource, span.events)
         result, answered = _langchain_tool_message(facts.tool_result)
         read.append((span, facts, result, facts.tool_call_id or answered))
-    used = _used_calls({s.conversation_id for s in spans}, {item[3] for item in read if item[3]} | _open_calls(calls))
+    used = _used_calls(project_id, {s.conversation_id for s in spans},
+                       {item[3] for item in read if item[3]} | _open_calls(calls))
     # Spans that name their call first: a guess by name must not take a call that
     # another span of the batch answers.
     read.sort(key=lambda item: (not item[3], item[0].start_time, item[0].pk))
@@ -468,18 +470,24 @@ def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> 
     return minutes
 
 
-def _used_calls(conversation_ids: Iterable[int], call_ids: set[str]) -> set[tuple[int, str]]:
+def _used_calls(project_id: int, conversation_ids: Iterable[int], call_ids: set[str]) -> set[tuple[int, str]]:
     """Which of these call ids a tool execution of these conversations already holds
     (only the ones asked about: a conversation can hold many thousands)."""
     used: set[tuple[int, str]] = set()
     calls = sorted(call_ids)
     for start in range(0, len(calls), CHUNK):
-        used.update(
-            ToolExecution.objects.filter(conversation_id__in=list(conversation_ids),
-                                         tool_call_id__in=calls[start:start + CHUNK])
-            .values_list("conversation_id", "tool_call_id")
-        )
+        used.update(calls_held(project_id, conversation_ids, calls[start:start + CHUNK])
+                    .values_list("conversation_id", "tool_call_id"))
     return used
+
+
+def calls_held(project_id: int, conversation_ids: Iterable[int], call_ids: list[str]) -> Any:
+    """The tool executions of these conversations that hold these call ids, found
+    through the project's call-id index (toolexec_project_tool_call): by the
+    conversations' index, SQLite read every tool execution of them, and 15 minutes
+    into the hour-long soak (conversations of ~10,000 calls) that was a third of a pass."""
+    return ToolExecution.objects.filter(project_id=project_id, conversation_id__in=list(conversation_ids),
+                                        tool_call_id__in=call_ids)
 
 
 def _open_calls(calls: dict[str, Any]) -> set[str]:
@@ -523,7 +531,7 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _assign_rounds(conversation_ids: list[int], calls: dict[str, Any]) -> None:
+def _assign_rounds(project_id: int, conversation_ids: list[int], calls: dict[str, Any]) -> None:
     """Derived tool executions stored before their round, or whose call was not
     known yet (batches come in any order), get them now, with the arguments the
     model's call gave."""
@@ -544,7 +552,7 @@ def _assign_rounds(conversation_ids: list[int], calls: dict[str, Any]) -> None:
     ]
     if not waiting:
         return
-    used = _used_calls({execution.conversation_id for execution in waiting},
+    used = _used_calls(project_id, {execution.conversation_id for execution in waiting},
                        {execution.tool_call_id for execution in waiting if execution.tool_call_id} | _open_calls(calls))
     changed = []
     for execution in waiting:

@@ -276,3 +276,17 @@ def test_it_reads_an_hours_span_only_calls_through_the_underived_index(project):
     calls = derivations.span_only_calls(project.pk, hour, hour + timedelta(hours=1))
     assert index_used(calls, "span_tool_underived"), plan_of(calls)
     assert sorted(calls.values_list("span_id", flat=True)) == [f"{1:016x}", f"{3:016x}"]
+
+
+def test_it_finds_the_calls_a_conversation_holds_through_the_call_id_index(project, records):
+    """The span-row pass asks which calls its conversations already hold: through the
+    project's call-id index, never by reading each conversation's tool executions."""
+    from dashboard.observatory import span_rows
+
+    records_store(project=project, records=[
+        parse_record(records.tool_result(conversation="c", result={"tool_call_id": f"call_{i}"})) for i in range(300)
+    ])
+    conversation = Conversation.objects.get(project=project)
+    held = span_rows.calls_held(project.pk, [conversation.pk, *range(10_000, 10_000 + MANY)], ["call_7", "call_x"])
+    assert index_used(held, "toolexec_project_tool_call"), plan_of(held)
+    assert list(held.values_list("tool_call_id", flat=True)) == ["call_7"]
