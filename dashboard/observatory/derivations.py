@@ -287,6 +287,11 @@ def _empty_rollup() -> dict[str, Any]:
 
 ROLLUP_SLICE = timedelta(minutes=1)
 SLICES_PER_HOUR = 60
+# The slice every recompute of a minute writes, whatever the minute holds: a pass that
+# finds a minute empty (its rows deleted since: a record won over a derived call) still
+# says when it read, so a pass begun earlier cannot write its stale slices over it. No
+# tool has an empty name (ingest and the span-row pass give one), and the hour's sum skips it.
+MINUTE_MARK = ""
 
 
 def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime] = (),
@@ -322,7 +327,8 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime] = (),
             ToolMinuteRollup.objects.bulk_create(
                 ToolMinuteRollup(project_id=project_id, minute=minute, tool_name=tool_name, updated_at=began,
                                  **{**entry, "error_types": dict(entry["error_types"])})
-                for minute, stats in fresh.items() for tool_name, entry in stats.items()
+                for minute, stats in fresh.items()
+                for tool_name, entry in [(MINUTE_MARK, _empty_rollup()), *stats.items()]
             )
             written += _hour_sum(project_id, hour)
         seconds = (timezone.now() - began).total_seconds()
@@ -387,7 +393,7 @@ def _hour_sum(project_id: int, hour: datetime) -> int:
     tool); a tool with no slice left loses its hour rollup. Returns rows written."""
     stats: dict[str, dict[str, Any]] = defaultdict(_empty_rollup)
     for minute in ToolMinuteRollup.objects.filter(project_id=project_id, minute__gte=hour,
-                                                  minute__lt=hour + timedelta(hours=1)):
+                                                  minute__lt=hour + timedelta(hours=1)).exclude(tool_name=MINUTE_MARK):
         entry = stats[minute.tool_name]
         for name in _SUMMED:
             entry[name] += getattr(minute, name)

@@ -622,7 +622,9 @@ class ToolMinuteRollup(ToolRollupFigures):
     A batch's rows fall in the minutes around now, so recomputing its minutes reads
     seconds of rows, where recomputing its hour read up to an hour of them (the
     recompute then grew through the hour until it was most of the derivation's
-    time). ``updated_at`` is when the pass that wrote the slice began reading.
+    time). ``updated_at`` is when the pass that wrote the slice began reading; each
+    recompute also writes the minute's mark (tool name "", derivations.MINUTE_MARK),
+    so that holds even for a minute it found empty.
     """
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tool_minute_rollups",

@@ -277,7 +277,7 @@ def test_it_recomputes_a_busy_minute_at_most_once_an_interval(client, auth, reco
     assert ToolHourlyRollup.objects.get().calls == 1  # not yet
     assert Conversation.objects.get().tool_calls == 2  # the conversation's totals do not wait
     waiting = DerivationNote.objects.get()
-    began = ToolMinuteRollup.objects.get().updated_at
+    began = ToolMinuteRollup.objects.get(tool_name="query_sales").updated_at
     assert waiting.minutes and not waiting.hours and waiting.available_at == began + timedelta(seconds=60)
     ToolMinuteRollup.objects.update(updated_at=began - timedelta(seconds=60))  # the interval passes
     DerivationNote.objects.update(available_at=timezone.now())
@@ -294,7 +294,7 @@ def test_a_costly_minute_is_recomputed_at_most_once_per_four_times_its_cost(
     settings.OBSERVATORY_ROLLUP_INTERVAL_SECONDS = 10
     post(client, auth, [records.tool_result(conversation="a")])
     outbox.outbox_drain_all()
-    slice_ = ToolMinuteRollup.objects.get()
+    slice_ = ToolMinuteRollup.objects.get(tool_name="query_sales")
     assert derivations._recompute_costs[(slice_.project_id, slice_.minute)] >= 0  # what it took, noted
     monkeypatch.setitem(derivations._recompute_costs, (slice_.project_id, slice_.minute), 30.0)  # it took 30 s
     began = slice_.updated_at - timedelta(seconds=60)  # past the interval, within 4 x 30 s

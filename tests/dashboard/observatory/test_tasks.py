@@ -11,7 +11,7 @@ import pytest
 from django.db.models import Model
 from django.forms.models import model_to_dict
 
-from dashboard.observatory import tasks
+from dashboard.observatory import derivations, tasks
 from dashboard.observatory.histogram import histogram_of
 from dashboard.observatory.models import (
     Artifact,
@@ -240,7 +240,7 @@ def test_a_minutes_recompute_reads_that_minute_and_the_hour_sums_its_slices(proj
                                                   result={"error_type": "timeout"})])
     assert outcome.tool_minutes == {minute_of(first), minute_of(second)}
     tasks.tool_rollups_refresh(project.pk, [], sorted(m.isoformat() for m in outcome.tool_minutes))
-    slices = {row.minute: row.calls for row in ToolMinuteRollup.objects.all()}
+    slices = {row.minute: row.calls for row in ToolMinuteRollup.objects.filter(tool_name="a")}
     assert slices == {minute_of(first): 1, minute_of(second): 1}
     store(project, [records.tool_result(tool="a", at=second + timedelta(seconds=-30))])  # not yet recomputed
     store(project, [records.tool_result(tool="b", at=first)])
@@ -259,12 +259,14 @@ def test_an_hours_recompute_writes_a_slice_for_every_minute_with_rows(project, r
     store(project, [records.tool_result(tool="a", at=hour + timedelta(minutes=m, seconds=m)) for m in (0, 7, 7, 59)])
     store(project, [records.tool_result(tool="a", at=hour + timedelta(hours=1))])  # the next hour: not read
     assert tasks.tool_rollups_refresh(project.pk, [hour.isoformat()]) == 1
-    slices = dict(ToolMinuteRollup.objects.values_list("minute", "calls"))
+    slices = dict(ToolMinuteRollup.objects.filter(tool_name="a").values_list("minute", "calls"))
+    assert ToolMinuteRollup.objects.filter(tool_name=derivations.MINUTE_MARK).count() == 60  # each minute's mark
     assert slices == {hour: 1, hour + timedelta(minutes=7): 2, hour + timedelta(minutes=59): 1}
     assert list(ToolHourlyRollup.objects.values_list("hour", "calls")) == [(hour, 4)]
     ToolExecution.objects.all().delete()
     tasks.tool_rollups_refresh(project.pk, [hour.isoformat()])
-    assert not ToolMinuteRollup.objects.exists() and not ToolHourlyRollup.objects.exists()
+    assert not ToolMinuteRollup.objects.exclude(tool_name=derivations.MINUTE_MARK).exists()
+    assert not ToolHourlyRollup.objects.exists()
 
 
 # --- links --------------------------------------------------------------------------------
@@ -316,7 +318,7 @@ def test_it_purges_past_retention_and_nothing_more_on_a_second_run(project, reco
                               records.tool_result(conversation="new")])
     tasks.conversation_totals_refresh(list(Conversation.objects.values_list("pk", flat=True)))
     tasks.tool_rollups_refresh(project.pk, [], sorted(m.isoformat() for m in outcome.tool_minutes))
-    assert ToolMinuteRollup.objects.count() == ToolHourlyRollup.objects.count() == 2
+    assert ToolMinuteRollup.objects.filter(tool_name="query_sales").count() == ToolHourlyRollup.objects.count() == 2
     span(project, span_id="1" * 16, start=old)
     span(project, span_id="2" * 16)
     data = b"old bytes"
@@ -327,7 +329,7 @@ def test_it_purges_past_retention_and_nothing_more_on_a_second_run(project, reco
     assert (first.spans, first.conversations, first.artifacts) == (1, 1, 1)
     assert list(Conversation.objects.values_list("external_id", flat=True)) == ["new"]
     assert Message.objects.count() == 1 and Span.objects.count() == 1
-    assert list(ToolMinuteRollup.objects.values_list("minute", flat=True)) == [minute_of(records.now)]
+    assert set(ToolMinuteRollup.objects.values_list("minute", flat=True)) == {minute_of(records.now)}
     assert list(ToolHourlyRollup.objects.values_list("hour", flat=True)) == [hour_of(records.now)]
     assert [p for p in _test_settings.rglob("*") if p.is_file()] == []
     second = retention_purge(project=project)
@@ -358,6 +360,25 @@ def test_it_never_overwrites_rollups_with_those_of_a_pass_that_began_earlier(pro
     tasks.tool_rollups_refresh(project.pk, [], minutes)
     monkeypatch.setattr(derivations.timezone, "now", real_now)
     assert ToolHourlyRollup.objects.get().calls == 2  # the stale figures were not written
+
+
+def test_a_pass_that_found_a_minute_empty_still_wins_over_one_begun_earlier(project, records, monkeypatch):
+    """A derived call gives way to its record (deleted); the pass after that finds the
+    minute empty. A pass begun before, which read the deleted row, finishes last: the
+    minute's mark says it is stale, so it writes nothing."""
+    at = records.now - timedelta(hours=2)
+    store(project, [records.tool_result(tool="a", at=at)])
+    minute = [minute_of(at).isoformat()]
+    began = datetime.now(timezone.utc) - timedelta(seconds=5)  # the slow pass began reading here
+    ToolExecution.objects.all().delete()  # the row is gone before the fast pass reads
+    tasks.tool_rollups_refresh(project.pk, [], minute)  # the fast pass, begun later: nothing in the minute
+    assert not ToolHourlyRollup.objects.exists()
+    store(project, [records.tool_result(tool="a", at=at)])  # what the slow pass read
+    real_now = derivations.timezone.now
+    monkeypatch.setattr(derivations.timezone, "now", lambda: began)
+    tasks.tool_rollups_refresh(project.pk, [], minute)
+    monkeypatch.setattr(derivations.timezone, "now", real_now)
+    assert not ToolHourlyRollup.objects.exists()  # its stale figures were not written
 
 
 def test_it_links_a_scope_larger_than_a_chunk_like_one_chunk(project, records, monkeypatch):
