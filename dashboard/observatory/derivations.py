@@ -285,8 +285,7 @@ def _empty_rollup() -> dict[str, Any]:
     }
 
 
-ROLLUP_SLICE = timedelta(minutes=1)
-SLICES_PER_HOUR = 60
+ROLLUP_SLICE = timedelta(minutes=1)  # a slice is what models.minute_of names
 # The slice every recompute of a minute writes, whatever the minute holds: a pass that
 # finds a minute empty (its rows deleted since: a record won over a derived call) still
 # says when it read, so a pass begun earlier cannot write its stale slices over it. No
@@ -341,7 +340,7 @@ def rollup_minutes(*, hours: Iterable[datetime] = (), minutes: Iterable[datetime
     """The minutes to recompute, in order: the given ones, and every minute of the given hours."""
     wanted = {minute_of(minute) for minute in minutes}
     for hour in {hour_of(hour) for hour in hours}:
-        wanted.update(hour + i * ROLLUP_SLICE for i in range(SLICES_PER_HOUR))
+        wanted.update(hour + i * ROLLUP_SLICE for i in range(timedelta(hours=1) // ROLLUP_SLICE))
     return sorted(wanted)
 
 
@@ -384,8 +383,8 @@ def _minute_stats(project_id: int, start: datetime) -> dict[str, dict[str, Any]]
     return stats
 
 
-_SUMMED = ("calls", "successes", "errors", "retries", "timeouts", "cache_hits", "duration_sum_ms", "cost_pico_usd",
-           "priced_calls", *(f"{level}_{kind}" for level in _LEVELS for kind in ("tokens", "count")))
+# The figures an hour adds up from its slices: all but the histogram and the error types.
+_SUMMED = tuple(name for name in _empty_rollup() if name not in ("latency_histogram", "error_types"))
 
 
 def _hour_sum(project_id: int, hour: datetime) -> int:

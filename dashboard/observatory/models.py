@@ -186,7 +186,7 @@ SPAN_TOOL_FAILURE = (
 
 # A tool span that no span-row pass turns into a tool execution: outside any
 # conversation, or not a tool call's span (span_rows derives the execute_tool spans of
-# conversations). Only these can be span-only calls in an hour's tool rollups.
+# conversations). Only these can be span-only calls in a minute's tool rollups.
 SPAN_TOOL_UNDERIVED = ~Q(tool_name="") & (Q(conversation__isnull=True) | ~Q(operation=EXECUTE_TOOL))
 
 
@@ -269,7 +269,7 @@ class Span(models.Model):
                 fields=["project", "start_time"], name="span_tool_time",
                 condition=~Q(tool_name=""),
             ),
-            # span-only calls of an hour's tool rollups: the tool spans no tool execution
+            # span-only calls of a minute's tool rollups: the tool spans no tool execution
             # is derived from (most tool spans of conversations are: this skips them)
             models.Index(
                 fields=["project", "start_time"], name="span_tool_underived",

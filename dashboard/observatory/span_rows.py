@@ -213,9 +213,9 @@ def _records_win(project_id: int, ids: list[int], minutes: set[datetime],
     record_rounds = Round.objects.filter(project_id=project_id, source=Source.RECORD)
     records = ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD)
     spans_rounds = Round.objects.filter(conversation_id__in=ids, source=Source.SPAN).exclude(trace_id="")
-    derived = ToolExecution.objects.filter(conversation_id__in=ids, source=Source.SPAN).exclude(tool_call_id="")
     if received is None:
         # Found by the database: only those, never all of a conversation's rounds.
+        derived = ToolExecution.objects.filter(conversation_id__in=ids, source=Source.SPAN).exclude(tool_call_id="")
         doomed = [spans_rounds.filter(Exists(record_rounds.filter(trace_id=OuterRef("trace_id"))))]
         described = [derived.filter(Exists(records.filter(tool_call_id=OuterRef("tool_call_id"))))]
     else:
