@@ -211,8 +211,11 @@ OBSERVATORY_DERIVE_RETRY_SECONDS = env.env_int("OBSERVATORY_DERIVE_RETRY_SECONDS
 OBSERVATORY_DERIVE_INLINE = env.env_bool("OBSERVATORY_DERIVE_INLINE", env.running_tests())
 # Ingest answers 429 (Retry-After) while the oldest derivation note due has waited
 # longer than this and a drainer is at work: ingest is slowed to what the derivations
-# keep up with, so the lag stays bounded. 0 turns it off.
-OBSERVATORY_DERIVE_BACKLOG_SECONDS = env.env_int("OBSERVATORY_DERIVE_BACKLOG_SECONDS", 10, minimum=0)
+# keep up with, so the lag stays bounded. 0 turns it off (the default of the inline mode,
+# where each batch is derived before its answer: no backlog, and no read of it per second).
+OBSERVATORY_DERIVE_BACKLOG_SECONDS = env.env_int(
+    "OBSERVATORY_DERIVE_BACKLOG_SECONDS", 0 if OBSERVATORY_DERIVE_INLINE else 10, minimum=0
+)
 # An hour's tool rollups are recomputed from its rows at most once in this many
 # seconds by the outbox (the notes in between wait for it); 0 recomputes after every
 # pass (the inline mode of the tests, where each batch is derived before the answer).

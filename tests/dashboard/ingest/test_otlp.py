@@ -368,10 +368,7 @@ def test_it_enqueues_nothing_for_plain_spans_or_a_retried_batch(client, auth, dj
     assert callbacks == []
 
 
-def test_it_uses_a_constant_number_of_queries_whatever_the_batch_size(client, auth, settings):
-    # The derivation backlog is read at most once a second: a query in some requests, not others.
-    settings.OBSERVATORY_DERIVE_BACKLOG_SECONDS = 0
-
+def test_it_uses_a_constant_number_of_queries_whatever_the_batch_size(client, auth):
     def queries_for(count: int) -> int:
         attributes = genai(gen_ai__conversation__id="conv-q", gen_ai__tool__name="t", gen_ai__tool__call__id="c")
         body = make_request(count, attributes=attributes).SerializeToString()

@@ -241,7 +241,7 @@ def test_it_stores_a_large_batch_with_a_fixed_number_of_queries(auth, records, d
         services.records_store(project=_project(auth), records=_parsed(batch[5:]))
 
 
-def test_it_keeps_the_request_query_count_flat_as_batches_grow(client, auth, records, settings,
+def test_it_keeps_the_request_query_count_flat_as_batches_grow(client, auth, records,
                                                                 django_capture_on_commit_callbacks):
     """Everything but the multi-row INSERTs (which SQLite splits by its parameter
     limit) is the same for 10 records as for 200: nothing runs per record."""
@@ -255,8 +255,6 @@ def test_it_keeps_the_request_query_count_flat_as_batches_grow(client, auth, rec
         inserts = sum(1 for q in captured.captured_queries if q["sql"].startswith("INSERT"))
         return len(captured.captured_queries) - inserts, inserts
 
-    # The derivation backlog is read at most once a second: a query in some requests, not others.
-    settings.OBSERVATORY_DERIVE_BACKLOG_SECONDS = 0
     queries_for(1)  # the key's first use writes last_used_at (once a minute)
     (others_10, _), (others_200, inserts_200) = queries_for(10), queries_for(200)
     assert others_200 == others_10
