@@ -17,7 +17,7 @@ from django.db import connections, router, transaction
 from django.db.models import Model
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import TruncHour
+from django.db.models.functions import TruncHour, TruncMinute
 from django.utils import timezone
 
 from dashboard.priority import yield_to_pages
@@ -29,6 +29,7 @@ from .models import (
     Artifact,
     CompressionEvent,
     Conversation,
+    ConversationMinute,
     Message,
     Round,
     SkillActivation,
@@ -62,35 +63,50 @@ def _title(text: str) -> str:
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1] + "…"
 
 
-def conversation_totals_refresh(*, conversation_ids: Iterable[int]) -> int:
+def conversation_totals_refresh(*, conversation_ids: Iterable[int], minutes: Iterable[datetime] | None = None) -> int:
     """Recompute totals, title, model, user, status and activity times of the given
     conversations, and the per-round context tokens; returns how many were updated.
 
+    Tool calls, errors and retries are the sums of the conversations' minute slices
+    (ConversationMinute): with ``minutes`` (what a pass after batches knows changed:
+    the minutes its batches' tool rows fall in) only those slices are recomputed from
+    rows; without (a rebuild), all of them. A conversation with no slice yet is
+    rebuilt whole either way. Activity times come from each table's first and last
+    row through the conversation's indexes; rounds, messages, compressions and
+    skill activations are counted whole (they grow with the model's calls, not with
+    the tool calls).
+
     The reads run outside any transaction (on SQLite a write transaction holds
-    the write lock, and summing a long conversation takes a while); the write is
-    one short transaction that locks the conversations (rows on PostgreSQL, in id
-    order so two passes cannot deadlock; SQLite's IMMEDIATE transaction takes the
-    write lock) and writes only those that no pass begun later has written:
-    ``totals_updated_at`` is when the writing pass began. A pass that began later
-    read everything committed before it began, so the newest figures win whatever
-    order two drainers finish in (without that a pass that read before a batch
-    committed could write its stale totals over the pass that read the batch, and
-    nothing would correct them: the chaos benchmark caught one such conversation).
+    the write lock); the write is one short transaction that locks the
+    conversations (rows on PostgreSQL, in id order so two passes cannot deadlock;
+    SQLite's IMMEDIATE transaction takes the write lock), writes the slices no pass
+    begun later has written, sums the slices, and writes only the conversations that
+    no pass begun later has written: ``totals_updated_at`` is when the writing pass
+    began. A pass that began later read everything committed before it began, so
+    the newest figures win whatever order two drainers finish in (without that a
+    pass that read before a batch committed could write its stale totals over the
+    pass that read the batch, and nothing would correct them: the chaos benchmark
+    caught one such conversation). A conversation a later pass has written, but
+    whose slices this pass changed after that pass summed them, gets a note: the
+    next pass sums them again.
     """
     ids = sorted(set(conversation_ids))
     if not ids:
         return 0
     began = timezone.now()
-    conversations, round_updates, pricing = _conversation_totals_read(ids)
+    slices = _slices_read(ids, None if minutes is None else sorted({minute_of(m) for m in minutes}))
+    conversations, round_updates, pricing = _conversation_totals_read(ids, slices)
     yield_to_pages()
     with transaction.atomic():
         current = {
             row["pk"]: row for row in Conversation.objects.select_for_update().filter(pk__in=ids).order_by("pk")
             .values("pk", "totals_updated_at", "project_id", "started_at", *_KEPT_UNLESS_DERIVED)
         }
+        changed_slices = _slices_write(slices, began)
         fresh = [c for c in conversations if c.pk in current
                  and (current[c.pk]["totals_updated_at"] is None or current[c.pk]["totals_updated_at"] <= began)]
         keep = {conversation.pk for conversation in fresh}
+        _slices_sum(fresh)
         for conversation in fresh:
             now = current[conversation.pk]
             if now["started_at"] is not None:  # the hour it leaves, as it is now (another pass may have moved it)
@@ -109,6 +125,7 @@ def conversation_totals_refresh(*, conversation_ids: Iterable[int]) -> int:
                     ["derived_context_tokens", "tool_call_count", "error_count"])
         pricing.rounds = [r for r in pricing.rounds if r.conversation_id in keep]
         pricing.save()  # [costs] round costs and the hourly usage rollups
+        _resum_later({pk: current[pk]["project_id"] for pk in changed_slices if pk in current and pk not in keep})
     return len(fresh)
 
 
@@ -116,11 +133,14 @@ def conversation_totals_refresh(*, conversation_ids: Iterable[int]) -> int:
 # no round with a model or user): another writer may set them meanwhile (the span-row
 # pass sets a user from the naming spans), and the totals' write must not undo that.
 _KEPT_UNLESS_DERIVED = ("title", "model", "user_id")
+_SLICE_FIGURES = ("tool_calls", "tool_errors", "retries", "tool_model")
+SLICE_RANGES = 50  # minute ranges one slice query reads (ORed)
 
 
-def _conversation_totals_read(ids: list[int]) -> tuple[list[Conversation], list[Round], Any]:
-    """The conversations with their figures recomputed, the rounds whose context
-    changed, and their pricing: reads only."""
+def _conversation_totals_read(ids: list[int], slices: dict[int, tuple[list | None, dict]]) -> tuple[
+        list[Conversation], list[Round], Any]:
+    """The conversations with their figures recomputed (but those of the tool calls:
+    ``_slices_sum``), the rounds whose context changed, and their pricing: reads only."""
     conversations = list(Conversation.objects.filter(pk__in=ids).order_by("pk"))
     for conversation in conversations:
         conversation.kept_as_read = {name: getattr(conversation, name) for name in _KEPT_UNLESS_DERIVED}
@@ -134,11 +154,6 @@ def _conversation_totals_read(ids: list[int]) -> tuple[list[Conversation], list[
         Message.objects.filter(conversation_id__in=ids), n=Count("id"),
         first=Min("occurred_at"), last=Max("occurred_at"),
     )
-    tools = _grouped(
-        ToolExecution.objects.filter(conversation_id__in=ids),
-        n=Count("id"), errors=Count("id", filter=Q(success=False)), retries=Sum("retry_count"),
-        first=Min("occurred_at"), last=Max("occurred_at"),
-    )
     compressions = _grouped(
         CompressionEvent.objects.filter(conversation_id__in=ids), n=Count("id"),
         first=Min("occurred_at"), last=Max("occurred_at"),
@@ -147,60 +162,207 @@ def _conversation_totals_read(ids: list[int]) -> tuple[list[Conversation], list[
         SkillActivation.objects.filter(conversation_id__in=ids),
         errors=Count("id", filter=Q(success=False)), first=Min("occurred_at"), last=Max("occurred_at"),
     )
-    spans = _grouped(Span.objects.filter(conversation_id__in=ids), first=Min("start_time"), last=Max("end_time"))
 
     # One row of each per conversation, found through the conversation's index by
-    # the database: never all of a long conversation's messages, rounds or tool
-    # executions in memory (the tool executions alone grow by thousands a minute).
+    # the database: never all of a long conversation's messages, rounds, tool
+    # executions or spans (the tool executions and spans grow by thousands a minute).
     firsts_and_lasts = {row["pk"]: row for row in Conversation.objects.filter(pk__in=ids).annotate(
         first_user_message=_first(Message.objects.filter(role="user", is_meta=False), "content", "index"),
         first_round_message=_first(Round.objects.exclude(user_message=""), "user_message", "index", "occurred_at"),
         last_round_model=_first(Round.objects.all(), "model", "-index", "-occurred_at"),
         last_round_user=_first(Round.objects.all(), "user_id", "-index", "-occurred_at"),
         last_round_status=_first(Round.objects.all(), "status", "-index", "-occurred_at"),
-        last_tool_model=_first(ToolExecution.objects.exclude(model=""), "model", "-occurred_at"),
+        first_tool=_first(ToolExecution.objects.all(), "occurred_at", "occurred_at"),  # toolexec_conversation_time
+        last_tool=_first(ToolExecution.objects.all(), "occurred_at", "-occurred_at"),
+        first_span=_first(Span.objects.all(), "start_time", "start_time"),  # span_conversation_time
+        last_span=_first(Span.objects.all(), "end_time", "-end_time"),  # span_conversation_end
     ).values("pk", "first_user_message", "first_round_message", "last_round_model", "last_round_user",
-             "last_round_status", "last_tool_model")}
-    first_user_message = {pk: row["first_user_message"] for pk, row in firsts_and_lasts.items()
-                          if row["first_user_message"] is not None}
-    first_round_message = {pk: row["first_round_message"] for pk, row in firsts_and_lasts.items()
-                           if row["first_round_message"] is not None}
-    latest_round = {pk: {"model": row["last_round_model"], "user_id": row["last_round_user"],
-                         "status": row["last_round_status"]}
-                    for pk, row in firsts_and_lasts.items() if row["last_round_status"] is not None}
-    latest_tool_model = {pk: row["last_tool_model"] for pk, row in firsts_and_lasts.items()
-                         if row["last_tool_model"] is not None}
+             "last_round_status", "first_tool", "last_tool", "first_span", "last_span")}
 
     for conversation in conversations:
         pk = conversation.pk
-        r, m, t = rounds.get(pk, {}), messages.get(pk, {}), tools.get(pk, {})
+        r, m = rounds.get(pk, {}), messages.get(pk, {})
         c, s = compressions.get(pk, {}), skills.get(pk, {})
+        row = firsts_and_lasts[pk]
         conversation.rounds = r.get("n", 0)
         conversation.messages = m.get("n", 0)
-        conversation.tool_calls = t.get("n", 0)
-        conversation.errors = r.get("errors", 0) + t.get("errors", 0) + s.get("errors", 0)
-        conversation.retries = t.get("retries") or 0
+        conversation.errors_but_tools = r.get("errors", 0) + s.get("errors", 0)  # + the slices' (_slices_sum)
         conversation.input_tokens = r.get("input_tokens") or 0
         conversation.output_tokens = r.get("output_tokens") or 0
         conversation.max_context_tokens = r.get("max_context") or 0
         conversation.compressions = c.get("n", 0)
-        conversation.has_errors = conversation.errors > 0
-        text = first_user_message.get(pk) or first_round_message.get(pk) or ""
+        text = row["first_user_message"] or row["first_round_message"] or ""
         conversation.title = _title(text) if text else conversation.title
-        last = latest_round.get(pk)
-        conversation.model = (last["model"] if last and last["model"] else latest_tool_model.get(pk, conversation.model))
-        conversation.user_id = last["user_id"] if last and last["user_id"] else conversation.user_id
+        last_round = row["last_round_status"] is not None
+        # the last round's model, else (_slices_sum) the last tool call's that names one
+        conversation.round_model = row["last_round_model"] if last_round else ""
+        conversation.user_id = row["last_round_user"] if last_round and row["last_round_user"] else conversation.user_id
         conversation.status = (
-            Conversation.Status.ERROR if last and last["status"] == "error" else Conversation.Status.OK
+            Conversation.Status.ERROR if row["last_round_status"] == "error" else Conversation.Status.OK
         )
-        firsts = [g["first"] for g in (r, m, t, c, s, spans.get(pk, {})) if g.get("first")]
-        lasts = [g["last"] for g in (r, m, t, c, s, spans.get(pk, {})) if g.get("last")]
+        firsts = [g["first"] for g in (r, m, c, s) if g.get("first")] + [
+            row[name] for name in ("first_tool", "first_span") if row[name]]
+        lasts = [g["last"] for g in (r, m, c, s) if g.get("last")] + [
+            row[name] for name in ("last_tool", "last_span") if row[name]]
         if firsts:
             conversation.started_at = min(firsts)
             conversation.last_activity_at = max(lasts)
+    # Pricing falls back to the conversation's model: as the slices will say.
+    _models_from_slices(conversations, _last_tool_models(ids, slices))
 
     pricing = costs.conversations_priced(conversations)  # [costs] reads the old start hours
-    return conversations, _round_context(ids), pricing
+    with_rounds = [pk for pk in ids if rounds.get(pk, {}).get("n")]
+    return conversations, _round_context(with_rounds), pricing
+
+
+# --- a conversation's minute slices ------------------------------------------------------
+
+def _minute_ranges(minutes: list[datetime]) -> list[tuple[datetime, datetime]]:
+    """Sorted minutes as [start, end) ranges of consecutive minutes."""
+    ranges: list[list[datetime]] = []
+    for minute in minutes:
+        if ranges and ranges[-1][1] == minute:
+            ranges[-1][1] = minute + timedelta(minutes=1)
+        else:
+            ranges.append([minute, minute + timedelta(minutes=1)])
+    return [(start, end) for start, end in ranges]
+
+
+def _slices_read(ids: list[int], minutes: list[datetime] | None) -> dict[int, tuple[list | None, dict]]:
+    """Per conversation: the minute ranges recomputed (None: all) and the slices
+    found in them from the tool rows, {minute: figures}. Reads only."""
+    with_slices = set() if minutes is None else set(
+        ConversationMinute.objects.filter(conversation_id__in=ids).values_list("conversation_id", flat=True)
+        .distinct())
+    whole = [pk for pk in ids if pk not in with_slices]
+    ranges = _minute_ranges(minutes or [])
+    found: dict[int, tuple[list | None, dict]] = {pk: (None, {}) for pk in whole}
+    found.update({pk: (ranges, {}) for pk in ids if pk in with_slices})
+    queries = [ToolExecution.objects.filter(conversation_id__in=whole)] if whole else []
+    with_ranges = sorted(with_slices)
+    for start in range(0, len(ranges) if with_ranges else 0, SLICE_RANGES):
+        in_ranges = Q()
+        for low, high in ranges[start:start + SLICE_RANGES]:
+            in_ranges |= Q(occurred_at__gte=low, occurred_at__lt=high)
+        queries.append(ToolExecution.objects.filter(in_ranges, conversation_id__in=with_ranges))
+    for query in queries:
+        by_minute = query.annotate(minute=TruncMinute("occurred_at", tzinfo=dt_timezone.utc))
+        for row in by_minute.values("conversation_id", "minute").order_by().annotate(
+            n=Count("id"), errors=Count("id", filter=Q(success=False)), retries=Sum("retry_count"),
+        ):
+            found[row["conversation_id"]][1][minute_of(row["minute"])] = {
+                "tool_calls": row["n"], "tool_errors": row["errors"], "retries": row["retries"] or 0,
+                "tool_model": ""}
+        # the minute's last call that names a model (few calls do, spans' calls never)
+        for conversation_id, occurred_at, model in by_minute.exclude(model="").order_by("occurred_at", "id") \
+                .values_list("conversation_id", "occurred_at", "model"):
+            entry = found[conversation_id][1].get(minute_of(occurred_at))
+            if entry is not None:  # else stored between the two queries: the next pass counts it
+                entry["tool_model"] = model
+    return found
+
+
+def _slices_write(slices: dict[int, tuple[list | None, dict]], began: datetime) -> set[int]:
+    """Write the slices read, and zeros for the stored ones in the ranges read that
+    no rows fill any more, but none a pass begun after ``began`` wrote; inside the
+    totals' transaction. Returns the conversations whose slices changed."""
+    stored: dict[tuple[int, datetime], tuple] = {}
+    whole = [pk for pk, (ranges, _) in slices.items() if ranges is None]
+    ranged = {pk: ranges for pk, (ranges, _) in slices.items() if ranges}
+    queries = [ConversationMinute.objects.filter(conversation_id__in=whole)] if whole else []
+    all_ranges = sorted({r for ranges in ranged.values() for r in ranges})
+    for start in range(0, len(all_ranges) if ranged else 0, SLICE_RANGES):
+        in_ranges = Q()
+        for low, high in all_ranges[start:start + SLICE_RANGES]:
+            in_ranges |= Q(minute__gte=low, minute__lt=high)
+        queries.append(ConversationMinute.objects.filter(in_ranges, conversation_id__in=sorted(ranged)))
+    for query in queries:
+        for row in query.values_list("conversation_id", "minute", "updated_at", *_SLICE_FIGURES):
+            stored[(row[0], row[1])] = row[2:]
+    for pk, minute in stored:
+        if pk in slices and minute not in slices[pk][1]:
+            slices[pk][1][minute] = {"tool_calls": 0, "tool_errors": 0, "retries": 0, "tool_model": ""}
+    rows, changed = [], set()
+    for pk, (_, found) in slices.items():
+        for minute, figures in found.items():
+            was = stored.get((pk, minute))
+            if was is not None and was[0] > began:
+                continue  # written by a pass begun later
+            # Stamped even when unchanged: a pass begun earlier may have read a state between.
+            rows.append(ConversationMinute(conversation_id=pk, minute=minute, updated_at=began, **figures))
+            if was is None or was[1:] != tuple(figures[name] for name in _SLICE_FIGURES):
+                changed.add(pk)
+    ConversationMinute.objects.bulk_create(
+        rows, update_conflicts=True, unique_fields=["conversation", "minute"],
+        update_fields=[*_SLICE_FIGURES, "updated_at"],
+    )
+    return changed
+
+
+def _last_tool_models(ids: list[int], slices: dict[int, tuple[list | None, dict]] | None = None) -> dict[int, str]:
+    """Each conversation's model of its last tool call naming one, from its stored
+    slices; with ``slices`` (read, not written yet) a later minute of theirs wins."""
+    models = {}
+    for pk, minute, model in Conversation.objects.filter(pk__in=ids).annotate(
+        minute=_first(ConversationMinute.objects.exclude(tool_model=""), "minute", "-minute"),
+        model_of_tools=_first(ConversationMinute.objects.exclude(tool_model=""), "tool_model", "-minute"),
+    ).values_list("pk", "minute", "model_of_tools"):
+        read = [(m, 1, figures["tool_model"]) for m, figures in (slices or {}).get(pk, (None, {}))[1].items()
+                if figures["tool_model"]]  # 1: for the same minute, what was just read wins
+        latest = max(read + ([(minute, 0, model)] if model else []), default=None)
+        if latest:
+            models[pk] = latest[2]
+    return models
+
+
+def _models_from_slices(conversations: list[Conversation], tool_models: dict[int, str]) -> None:
+    for conversation in conversations:
+        conversation.model = conversation.round_model or tool_models.get(conversation.pk, conversation.model)
+
+
+def _slices_sum(conversations: list[Conversation]) -> None:
+    """Tool calls, errors, retries and the model when no round names one: from the
+    slices as stored now (inside the totals' transaction, after ``_slices_write``)."""
+    ids = [conversation.pk for conversation in conversations]
+    sums = _grouped(ConversationMinute.objects.filter(conversation_id__in=ids),
+                    n=Sum("tool_calls"), errors=Sum("tool_errors"), retries=Sum("retries"))
+    _models_from_slices(conversations, _last_tool_models(ids))
+    for conversation in conversations:
+        figures = sums.get(conversation.pk, {})
+        conversation.tool_calls = figures.get("n") or 0
+        conversation.retries = figures.get("retries") or 0
+        conversation.errors = conversation.errors_but_tools + (figures.get("errors") or 0)
+        conversation.has_errors = conversation.errors > 0
+
+
+def _resum_later(projects: dict[int, int]) -> None:
+    """Notes for the conversations whose slices this pass changed after a pass begun
+    later had summed them (that pass wrote their totals, so this one may not)."""
+    from .outbox import note_write
+
+    by_project: dict[int, list[int]] = defaultdict(list)
+    for pk, project_id in projects.items():
+        by_project[project_id].append(pk)
+    for project_id, pks in by_project.items():
+        note_write(project_id=project_id, conversation_ids=sorted(pks), hours=[], artifact_ids=[])
+
+
+def slices_sweep(*, project_id: int, since: datetime) -> int:
+    """Recompute the minute slices since ``since`` of the project's conversations with
+    tool rows since then (the hourly beat: what a lost note would have left)."""
+    ids = sorted(set(ToolExecution.objects.filter(project_id=project_id, occurred_at__gte=since)
+                     .values_list("conversation_id", flat=True).distinct()))
+    start, end = minute_of(since), minute_of(timezone.now()) + timedelta(minutes=1)
+    minutes = [start + timedelta(minutes=i) for i in range(int((end - start) / timedelta(minutes=1)))]
+    updated = 0
+    for first in range(0, len(ids), SWEEP_CONVERSATIONS):
+        updated += conversation_totals_refresh(conversation_ids=ids[first:first + SWEEP_CONVERSATIONS],
+                                               minutes=minutes)
+        yield_to_pages()
+    return updated
+
+
+SWEEP_CONVERSATIONS = 200
 
 
 def _first(rows: Any, field: str, *order: str) -> Subquery:

@@ -254,6 +254,11 @@ class Span(models.Model):
                 fields=["conversation", "start_time"], name="span_conversation_time",
                 condition=Q(conversation__isnull=False),
             ),
+            # a conversation's last activity: its spans' latest end, one index lookup
+            models.Index(
+                fields=["conversation", "end_time"], name="span_conversation_end",
+                condition=Q(conversation__isnull=False),
+            ),
             # linking tool executions to spans by tool call id
             models.Index(
                 fields=["project", "tool_call_id"], name="span_project_tool_call",
@@ -635,6 +640,35 @@ class ToolMinuteRollup(ToolRollupFigures):
         constraints = [
             # also the index of an hour's slices (project, minute range)
             models.UniqueConstraint(fields=["project", "minute", "tool_name"], name="minute_rollup_unique"),
+        ]
+
+
+class ConversationMinute(models.Model):
+    """A conversation's tool calls in one minute (by ``occurred_at``), recomputed
+    whole from the minute's rows; the conversation's tool-call, error and retry
+    totals are the sums of its slices, written in the same transaction.
+
+    A batch's tool rows fall in the minutes around now, so a pass after it reads
+    seconds of rows per conversation where recounting the conversation read all of
+    them (the never-ending conversations of the hour-long soak gained ~40,000 tool
+    calls an hour each, and the derivations kept up with less and less ingest).
+    ``updated_at`` is when the pass that wrote the slice began reading: a pass
+    begun earlier never writes over it. A slice whose rows are gone is written
+    with zeros, not deleted, so that holds for it too.
+    """
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="minutes",
+                                     db_index=False)  # the unique key's index begins with it
+    minute = models.DateTimeField()  # start of the minute, UTC (minute_of)
+    tool_calls = models.PositiveIntegerField(default=0)
+    tool_errors = models.PositiveIntegerField(default=0)
+    retries = models.PositiveIntegerField(default=0)
+    tool_model = models.CharField(max_length=ID_LENGTH, blank=True)  # of the minute's last call naming one
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "minute"], name="conversation_minute_unique"),
         ]
 
 

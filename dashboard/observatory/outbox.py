@@ -288,7 +288,8 @@ def _derive(
         # spans to; the others get theirs here, so no conversation is derived twice.
         linked = set(tasks.links_refresh(
             project_id, conversation_ids, since=since.isoformat() if since else None,
-            until=until.isoformat() if until else None, trace_ids=sorted(linked_traces))["conversation_ids"])
+            until=until.isoformat() if until else None, trace_ids=sorted(linked_traces),
+            minutes_changed=minutes)["conversation_ids"])
         rest = [conversation for conversation in conversation_ids if conversation not in linked]
         if rest:
             # Rounds, messages and tool executions from model-call and tool spans.
@@ -297,7 +298,7 @@ def _derive(
             derived_minutes = span_rows.span_rows_derive(project_id=project_id, conversation_ids=rest, since=since,
                                                          until=until, trace_ids=sorted(linked_traces))
             minutes = sorted(set(minutes) | {minute.isoformat() for minute in derived_minutes})
-            tasks.conversation_totals_refresh(rest)
+            tasks.conversation_totals_refresh(rest, minutes)  # the minutes whose tool rows changed
     if hours or minutes:
         _rollups_refresh(project_id, hours, minutes)
     if artifact_ids:

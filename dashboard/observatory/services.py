@@ -39,6 +39,7 @@ from .models import (
     Artifact,
     CompressionEvent,
     Conversation,
+    ConversationMinute,
     LogRecord,
     Message,
     Round,
@@ -593,6 +594,8 @@ def retention_purge(*, project: Project, now: datetime | None = None) -> PurgeOu
         outcome.records += deleted
     ToolHourlyRollup.objects.filter(project=project, hour__lt=record_cutoff - timedelta(hours=1)).delete()
     ToolMinuteRollup.objects.filter(project=project, minute__lt=record_cutoff - timedelta(hours=1)).delete()
+    ConversationMinute.objects.filter(  # the tool rows they counted are gone: the next totals' pass sums the rest
+        conversation__project=project, minute__lt=record_cutoff - timedelta(minutes=1)).delete()
     UsageHourlyRollup.objects.filter(project=project, hour__lt=record_cutoff - timedelta(hours=1)).delete()  # [costs]
     _, deleted_by_model = Conversation.objects.filter(
         project=project, last_activity_at__lt=record_cutoff

@@ -17,8 +17,11 @@ from . import derivations, partitions, services, span_rows
 
 
 @shared_task(name="observatory.conversation_totals_refresh")
-def conversation_totals_refresh(conversation_ids: list[int]) -> int:
-    return derivations.conversation_totals_refresh(conversation_ids=conversation_ids)
+def conversation_totals_refresh(conversation_ids: list[int], minutes: list[str] | None = None) -> int:
+    """``minutes`` (ISO timestamps): those whose tool rows changed; None: all of them."""
+    return derivations.conversation_totals_refresh(
+        conversation_ids=conversation_ids,
+        minutes=None if minutes is None else [datetime.fromisoformat(minute) for minute in minutes])
 
 
 @shared_task(name="observatory.tool_rollups_refresh")
@@ -34,13 +37,17 @@ def tool_rollups_refresh(project_id: int, hours: list[str], minutes: list[str] |
 def links_refresh(
     project_id: int, conversation_ids: list[int] | None = None, artifact_ids: list[str] | None = None,
     since: str | None = None, trace_ids: list[str] | None = None, until: str | None = None,
+    minutes_changed: list[str] | None = None,
 ) -> dict[str, Any]:
     """Without ids: everything unlinked of the last two days (the beat's pass).
     ``since`` and ``until`` (ISO times, JSON-safe for the broker): with
     ``conversation_ids``, only their rows received between them (the outbox gives
     the times of its notes' batches).
     ``trace_ids``: traces whose spans were linked late before this (their spans
-    are derived from whenever they were received)."""
+    are derived from whenever they were received).
+    ``minutes_changed``: those whose tool rows the batches changed (ISO times), recounted in
+    the totals of the conversations that gained spans with the minutes of the rows
+    derived here."""
     since_time = datetime.fromisoformat(since) if since else None
     until_time = datetime.fromisoformat(until) if until else None
     counts = derivations.links_refresh(
@@ -53,7 +60,9 @@ def links_refresh(
         minutes = span_rows.span_rows_derive(project_id=project_id, conversation_ids=counts["conversation_ids"],
                                              since=since_time, until=until_time,
                                              trace_ids=[*counts["trace_ids"], *(trace_ids or ())])
-        derivations.conversation_totals_refresh(conversation_ids=counts["conversation_ids"])
+        derivations.conversation_totals_refresh(
+            conversation_ids=counts["conversation_ids"],
+            minutes=minutes | {datetime.fromisoformat(minute) for minute in minutes_changed or ()})
         if minutes:
             derivations.tool_rollups_refresh(project_id=project_id, minutes=minutes)
     if artifact_ids is None or conversation_ids is not None:
@@ -76,8 +85,8 @@ def outbox_drain() -> dict[str, int]:
 
 @shared_task(name="observatory.rollup_recent_hours")
 def rollup_recent_hours(hours_back: int = 3) -> int:
-    """Beat, hourly: recompute the last few hours of every project, catching spans
-    linked late and anything a lost task missed. On SQLite, between drainers' passes."""
+    """Beat, hourly: recompute the last few hours of every project (links, tool
+    rollups, conversations' minute slices), catching spans linked late and anything a lost task missed. On SQLite, between drainers' passes."""
     from .outbox import drain_exclusive
 
     since = timezone.now() - timedelta(hours=hours_back)
@@ -87,6 +96,7 @@ def rollup_recent_hours(hours_back: int = 3) -> int:
             links_refresh(project_id)
             hours = derivations.hours_with_rows(project_id=project_id, since=since)
             written += derivations.tool_rollups_refresh(project_id=project_id, hours=hours)
+            derivations.slices_sweep(project_id=project_id, since=since)
     return written
 
 

@@ -68,11 +68,11 @@ def test_it_keeps_running_after_a_failing_pass(client, auth, records, background
     calls = {"n": 0}
     real = tasks.conversation_totals_refresh
 
-    def flaky(ids):
+    def flaky(ids, minutes=None):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("database went away")
-        return real(ids)
+        return real(ids, minutes)
 
     monkeypatch.setattr(tasks, "conversation_totals_refresh", flaky)
     post(client, auth, [records.message()])
@@ -90,7 +90,7 @@ def test_it_parks_work_that_keeps_failing_with_its_error(client, auth, records, 
     settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 0
     calls = {"n": 0}
 
-    def broken(ids):
+    def broken(ids, minutes=None):
         calls["n"] += 1
         raise RuntimeError("a bug, not a passing fault")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -93,15 +94,35 @@ def index_used(queryset, index: str) -> bool:
     return re.search(rf"SEARCH \S*\s*USING (COVERING )?INDEX {index}\b", plan_of(queryset)) is not None
 
 
-def test_it_serves_the_timeline_and_totals_from_the_partial_conversation_index(project):
+def test_it_serves_the_timeline_and_activity_times_from_the_partial_conversation_indexes(project):
     conversation = Conversation.objects.create(project=project, external_id="c")
     span(project, 1, conversation=conversation)
     span(project, 2)
     timeline = Span.objects.filter(conversation=conversation).order_by("start_time")
-    totals = Span.objects.filter(conversation_id__in=list(range(1, MANY))).values("conversation_id")
-    assert index_used(timeline, "span_conversation_time")
-    assert index_used(totals, "span_conversation_time")
+    latest_end = Span.objects.filter(conversation=conversation).order_by("-end_time").values("end_time")[:1]
+    released = Span.objects.filter(conversation_id__in=list(range(1, MANY))).values("conversation_id")  # SET_NULL
+    assert index_used(timeline, "span_conversation_time")  # also the first start
+    assert index_used(latest_end, "span_conversation_end")  # the last activity: one entry, not every span
+    assert index_used(released, "span_conversation_time") or index_used(released, "span_conversation_end")
     assert list(timeline.values_list("span_id", flat=True)) == [f"{1:016x}"]
+
+
+def test_a_totals_pass_counts_a_conversations_tool_calls_in_its_minutes_through_the_index(project, records):
+    outcome = records_store(project=project, records=[parse_record(records.tool_result(at=NOW))])
+    (pk,) = outcome.conversation_ids
+    others = [Conversation.objects.create(project=project, external_id=f"other-{n}") for n in range(30)]
+    ToolExecution.objects.bulk_create(  # enough rows that the statistics tell the indexes apart
+        ToolExecution(project=project, conversation=others[n % 30], record_id=uuid.uuid4(), tool_name="t",
+                      success=True, occurred_at=NOW - timedelta(seconds=n * 7))
+        for n in range(3000))
+    derivations.conversation_totals_refresh(conversation_ids=[pk])
+    with CaptureQueriesContext(connection) as queries:
+        derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=[NOW])
+    counting = [q["sql"] for q in queries if 'FROM "observatory_toolexecution"' in q["sql"] and "COUNT(" in q["sql"]]
+    assert counting
+    for sql in counting:
+        plan = "\n".join(plan_lines(sql))
+        assert re.search(r"SEARCH \S*\s*USING (COVERING )?INDEX toolexec_conversation_time \(.*occurred_at", plan), plan
 
 
 def test_it_serves_tool_span_hours_from_the_partial_tool_index(project):
@@ -216,14 +237,15 @@ def test_it_bounds_the_beat_pass_to_the_newest_unlinked_spans(project, monkeypat
 
 
 def test_it_keeps_the_span_table_to_few_indexes(project):
-    """Each index costs every span insert: pk, unique, project+time, and eight
+    """Each index costs every span insert: pk, unique, project+time, and nine
     partial ones that plain spans skip (the trace list's holds one span a trace,
     the failed spans' and the failed span-only tool calls' almost none, the
-    underived tool spans' none of a conversation's tool calls)."""
+    underived tool spans' none of a conversation's tool calls, the two of a
+    conversation's spans only those that name one)."""
     with connection.cursor() as cursor:
         constraints = connection.introspection.get_constraints(cursor, Span._meta.db_table)
     indexed = {name for name, c in constraints.items() if c["index"] or c["unique"] or c["primary_key"]}
-    assert len(indexed) <= 11, sorted(indexed)
+    assert len(indexed) <= 12, sorted(indexed)
 
 
 def test_it_tests_each_trace_for_errors_through_the_partial_error_index(project):

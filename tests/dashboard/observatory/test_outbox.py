@@ -87,10 +87,10 @@ def test_it_isolates_a_failing_conversation_from_the_others(client, auth, record
     poison = Conversation.objects.get(external_id="poison").pk
     real = tasks.conversation_totals_refresh
 
-    def fails_on_poison(ids):
+    def fails_on_poison(ids, minutes=None):
         if poison in ids:
             raise ValueError("year 1 BC")
-        return real(ids)
+        return real(ids, minutes)
 
     monkeypatch.setattr(tasks, "conversation_totals_refresh", fails_on_poison)
     outbox.outbox_drain_all()
@@ -104,7 +104,7 @@ def test_it_isolates_a_failing_conversation_from_the_others(client, auth, record
 def test_it_waits_before_retrying_a_failed_note(client, auth, records, crash_after_commit, monkeypatch, settings):
     settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 60
     post(client, auth, [records.message()])
-    monkeypatch.setattr(tasks, "conversation_totals_refresh", lambda ids: 1 / 0)
+    monkeypatch.setattr(tasks, "conversation_totals_refresh", lambda ids, minutes=None: 1 / 0)
     outcome = outbox.outbox_drain_all()
     assert outcome.failed == 1 and outcome.parked == 0
     note = DerivationNote.objects.get()
@@ -130,11 +130,11 @@ def test_it_never_parks_a_note_for_a_busy_database(client, auth, records, crash_
     real = tasks.conversation_totals_refresh
     busy = {"left": outbox.MAX_ATTEMPTS * 3}
 
-    def locked_for_a_while(ids):
+    def locked_for_a_while(ids, minutes=None):
         if busy["left"]:
             busy["left"] -= 1
             raise OperationalError("database is locked")
-        return real(ids)
+        return real(ids, minutes)
 
     monkeypatch.setattr(tasks, "conversation_totals_refresh", locked_for_a_while)
     for _ in range(outbox.MAX_ATTEMPTS * 3):
@@ -155,7 +155,7 @@ def test_a_busy_merged_pass_is_retried_merged_not_note_by_note(client, auth, rec
     post(client, auth, [records.message(conversation="b")])
     calls: list[list[int]] = []
 
-    def locked(ids):
+    def locked(ids, minutes=None):
         calls.append(list(ids))
         raise OperationalError("database is locked")
 
@@ -213,7 +213,7 @@ def test_it_keeps_the_time_of_a_split_note_so_its_rows_stay_in_scope(
     settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 0
     post(client, auth, [records.message(conversation="a"), records.message(conversation="b")])
     written = DerivationNote.objects.get().created_at
-    monkeypatch.setattr(tasks, "conversation_totals_refresh", lambda ids: 1 / 0)
+    monkeypatch.setattr(tasks, "conversation_totals_refresh", lambda ids, minutes=None: 1 / 0)
     rows_from = DerivationNote.objects.get().rows_from
     outbox.outbox_drain()  # the merged pass fails: the note is split, one per conversation
     assert sorted(DerivationNote.objects.values_list("created_at", flat=True)) == [written, written]
