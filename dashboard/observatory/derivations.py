@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
-from typing import Any, Iterable
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Iterable
 
 from django.db import connections, router, transaction
 from django.db.models import Model
@@ -347,22 +348,31 @@ def _resum_later(projects: dict[int, int]) -> None:
         note_write(project_id=project_id, conversation_ids=sorted(pks), hours=[], artifact_ids=[])
 
 
-def slices_sweep(*, project_id: int, since: datetime) -> int:
+def slices_sweep(*, project_id: int, since: datetime, step: Callable[[], ContextManager[Any]] = nullcontext) -> int:
     """Recompute the minute slices since ``since`` of the project's conversations with
-    tool rows since then (the hourly beat: what a lost note would have left)."""
-    ids = sorted(set(ToolExecution.objects.filter(project_id=project_id, occurred_at__gte=since)
-                     .values_list("conversation_id", flat=True).distinct()))
+    tool rows in them (the hourly beat: what a pass lost to a race left), at most
+    SWEEP_CONVERSATIONS conversations and SWEEP_MINUTES minutes a step, each step
+    inside ``step()`` (the beat: on SQLite, the drain lock, so the outbox drains between
+    steps). Returns the conversations updated."""
     start, end = minute_of(since), minute_of(timezone.now()) + timedelta(minutes=1)
-    minutes = [start + timedelta(minutes=i) for i in range(int((end - start) / timedelta(minutes=1)))]
     updated = 0
-    for first in range(0, len(ids), SWEEP_CONVERSATIONS):
-        updated += conversation_totals_refresh(conversation_ids=ids[first:first + SWEEP_CONVERSATIONS],
-                                               minutes=minutes)
-        yield_to_pages()
+    while start < end:
+        stop = min(start + timedelta(minutes=SWEEP_MINUTES), end)
+        ids = sorted(set(ToolExecution.objects.filter(project_id=project_id, occurred_at__gte=start,
+                                                      occurred_at__lt=stop)
+                         .values_list("conversation_id", flat=True).distinct()))
+        minutes = [start + timedelta(minutes=i) for i in range(int((stop - start) / timedelta(minutes=1)))]
+        for first in range(0, len(ids), SWEEP_CONVERSATIONS):
+            with step():
+                updated += conversation_totals_refresh(conversation_ids=ids[first:first + SWEEP_CONVERSATIONS],
+                                                       minutes=minutes)
+            yield_to_pages()
+        start = stop
     return updated
 
 
 SWEEP_CONVERSATIONS = 200
+SWEEP_MINUTES = 10
 
 
 def _first(rows: Any, field: str, *order: str) -> Subquery:

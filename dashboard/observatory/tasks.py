@@ -84,19 +84,29 @@ def outbox_drain() -> dict[str, int]:
 
 
 @shared_task(name="observatory.rollup_recent_hours")
-def rollup_recent_hours(hours_back: int = 3) -> int:
+def rollup_recent_hours(hours_back: int = 3, slice_minutes_back: int = 70) -> int:
     """Beat, hourly: recompute the last few hours of every project (links, tool
-    rollups, conversations' minute slices), catching spans linked late and anything a lost task missed. On SQLite, between drainers' passes."""
+    rollups), catching spans linked late and anything a lost task missed, and the
+    conversations' minute slices of the last ``slice_minutes_back`` minutes (their
+    minutes are noted exactly: only a race can leave one behind).
+
+    On SQLite each step (the links, an hour of rollups, a step of slices) holds the
+    drain lock, so it runs between drainers' passes and the outbox drains between its
+    steps. Held for the whole job, the hour-long soak's last notes waited behind it
+    for minutes (it reads hours of rows on a busy database)."""
     from .outbox import drain_exclusive
 
-    since = timezone.now() - timedelta(hours=hours_back)
+    now = timezone.now()
+    since = now - timedelta(hours=hours_back)
     written = 0
-    with drain_exclusive():
-        for project_id in Project.objects.values_list("pk", flat=True):
+    for project_id in Project.objects.values_list("pk", flat=True):
+        with drain_exclusive():
             links_refresh(project_id)
-            hours = derivations.hours_with_rows(project_id=project_id, since=since)
-            written += derivations.tool_rollups_refresh(project_id=project_id, hours=hours)
-            derivations.slices_sweep(project_id=project_id, since=since)
+        for hour in sorted(derivations.hours_with_rows(project_id=project_id, since=since)):
+            with drain_exclusive():
+                written += derivations.tool_rollups_refresh(project_id=project_id, hours=[hour])
+        derivations.slices_sweep(project_id=project_id, since=now - timedelta(minutes=slice_minutes_back),
+                                 step=drain_exclusive)
     return written
 
 

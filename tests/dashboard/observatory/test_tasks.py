@@ -393,3 +393,32 @@ def test_it_links_a_scope_larger_than_a_chunk_like_one_chunk(project, records, m
     assert counts["tool_executions"] == 5 and counts["spans"] == 5
     assert not ToolExecution.objects.filter(linked_span=None).exists()
     assert set(Span.objects.values_list("conversation__external_id", flat=True)) == {"c"}
+
+
+def test_the_beat_holds_the_drain_lock_a_step_at_a_time(project, records, monkeypatch):
+    """On SQLite the hourly job takes the drainers' lock for each step (the links, an
+    hour of rollups, a step of slices), never across steps: the outbox drains between
+    them. Held for the whole job, the hour-long soak's last notes waited minutes."""
+    import contextlib
+
+    from dashboard.observatory import outbox
+
+    at = minute_of(records.now)
+    store(project, [records.tool_result(conversation=f"c{n}", at=at - timedelta(hours=n)) for n in range(3)])
+    store(project, [records.tool_result(at=datetime.now(timezone.utc) - timedelta(minutes=m)) for m in (5, 25, 45)])
+    held, steps = [], []
+
+    @contextlib.contextmanager
+    def counted(*, wait=True):
+        assert not held, "a step began inside another"
+        held.append(True)
+        steps.append(1)
+        try:
+            yield True
+        finally:
+            held.pop()
+
+    monkeypatch.setattr(outbox, "drain_exclusive", counted)
+    tasks.rollup_recent_hours(hours_back=3)
+    hours = len(derivations.hours_with_rows(project_id=project.pk, since=datetime.now(timezone.utc) - timedelta(hours=3)))
+    assert len(steps) >= 1 + hours + 3  # the links, each hour, the slices' steps (the conversations of 3 ten-minute spans)
