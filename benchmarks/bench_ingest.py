@@ -26,7 +26,9 @@ requests/s, the retries by status, and the CPU a request took in gunicorn, in
 PostgreSQL and in the client, with the requests/s two idle CPUs would take at that
 cost (the machine is shared, so this says more than the wall-clock rate); ``--floor``
 sends the same batches once more with an unknown key, refused before any database
-work: what gunicorn and Django cost for a request that stores nothing.
+work: what gunicorn and Django cost for a request that stores nothing; then to the
+same gunicorn config serving ``benchmarks.bare_wsgi`` (an app that only reads the
+body): what gunicorn and the client cost before any application code.
 
 Targets on the 2-core machine: >= 20,000 spans/s, >= 10,000 records/s, RSS < 300 MB;
 10-span batches from 16 senders: >= 1,500 requests/s.
@@ -247,7 +249,7 @@ def private_postgres(workdir: Path) -> Iterator[str]:
 @contextmanager
 def gunicorn(
     env: dict[str, str], port: int, *, workers: int | None = None, worker_class: str | None = None,
-    threads: int | None = None, log: Path | None = None,
+    threads: int | None = None, log: Path | None = None, app: str = "dashboard.wsgi:application",
 ) -> Iterator[subprocess.Popen]:
     """gunicorn as deployed: deploy/gunicorn.conf.py (workers, gthread threads,
     preload, the ingest gate sized from WEB_THREADS, the access log), only bound
@@ -255,7 +257,7 @@ def gunicorn(
     gunicorn with those (the setup of the figures measured before the config)."""
     if worker_class:
         command = [
-            GUNICORN, "dashboard.wsgi:application",
+            GUNICORN, app,
             "--bind", f"127.0.0.1:{port}",
             "--workers", str(workers or 2),
             "--worker-class", worker_class,
@@ -269,7 +271,7 @@ def gunicorn(
             env["WEB_CONCURRENCY"] = str(workers)
         if threads:
             env["WEB_THREADS"] = str(threads)
-        command = [GUNICORN, "--config", str(ROOT / "deploy" / "gunicorn.conf.py"), "dashboard.wsgi:application"]
+        command = [GUNICORN, "--config", str(ROOT / "deploy" / "gunicorn.conf.py"), app]
     # Output to a file, not a pipe nobody reads while the run lasts (a full pipe
     # would stall the server); the access log is written as deployed, to stdout.
     errors = open(log, "w+") if log else tempfile.TemporaryFile("w+")
@@ -425,16 +427,18 @@ def warm_up(port: int, key: str, *, clients: int) -> None:
         send_all(port, "/v1/traces", "application/x-protobuf", key, [empty_spans] * clients * 2, clients)
 
 
-def measure_floor(port: int, pid: int, bodies: list[bytes], clients: int) -> tuple[float, float, float]:
+def measure_floor(port: int, pid: int, bodies: list[bytes], clients: int, *, key: str | None = None,
+                  expect: int = 401) -> tuple[float, float, float]:
     """What the stack costs for a request that stores nothing: the same bodies sent
     with a well-formed key that does not exist, refused (401) before any database
-    work. Returns (requests/s, gunicorn CPU ms a request, client CPU ms a request)."""
-    unknown = "po_0123456789abcdef_" + "A" * 43
+    work (or, to benchmarks.bare_wsgi, answered 200 by an app that does nothing).
+    Returns (requests/s, gunicorn CPU ms a request, client CPU ms a request)."""
+    key = key or "po_0123456789abcdef_" + "A" * 43
     gunicorn_before, client_before = cpu_seconds(process_tree(pid)), time.process_time()
-    seconds, _, failures = send_all(port, "/v1/traces", "application/x-protobuf", unknown, bodies, clients,
-                                    expect=401)
+    seconds, _, failures = send_all(port, "/v1/traces", "application/x-protobuf", key, bodies, clients,
+                                    expect=expect)
     if failures:
-        print(f"  floor: {failures} answers were not 401", flush=True)
+        print(f"  floor: {failures} answers were not {expect}", flush=True)
     requests = len(bodies)
     return (requests / seconds, (cpu_seconds(process_tree(pid)) - gunicorn_before) / requests * 1000,
             (time.process_time() - client_before) / requests * 1000)
@@ -509,6 +513,12 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
                 span_database_cpu = database_cpu_seconds() - database_before
                 span_client_cpu = time.process_time() - client_before
                 floor = measure_floor(port, server.pid, spans, args.clients) if args.floor else None
+            bare = None
+            if args.floor:  # the same config serving an app that does nothing (benchmarks.bare_wsgi)
+                port = free_port()
+                with gunicorn(env, port, workers=args.workers, worker_class=args.worker_class, threads=args.threads,
+                              log=workdir / "gunicorn-bare.log", app="benchmarks.bare_wsgi:application") as server:
+                    bare = measure_floor(port, server.pid, spans, args.clients, key=key, expect=200)
             stored_spans, stored_records = count_rows(env)
         return {
             "db": db,
@@ -522,6 +532,7 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
             "span_database_cpu": span_database_cpu,
             "span_client_cpu": span_client_cpu,
             "floor": floor,
+            "bare": bare,
         }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -596,6 +607,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{result['db']} floor (the same requests refused for their key, nothing stored): {rate:.0f} requests/s; "
                   f"CPU a request gunicorn {server_ms:.2f} ms, client {client_ms:.2f} ms: {os.cpu_count()} idle CPUs "
                   f"would take about {(os.cpu_count() or 1) / (server_ms + client_ms) * 1000:.0f} requests/s")
+        if result["bare"]:
+            rate, server_ms, client_ms = result["bare"]
+            print(f"{result['db']} bare floor (the same config serving benchmarks.bare_wsgi: no Django, nothing parsed "
+                  f"or stored): {rate:.0f} requests/s; CPU a request gunicorn {server_ms:.2f} ms, client "
+                  f"{client_ms:.2f} ms: {os.cpu_count()} idle CPUs would take about "
+                  f"{(os.cpu_count() or 1) / (server_ms + client_ms) * 1000:.0f} requests/s")
     for result in results:
         print(f"{result['db']}: after the records the server was busy deriving for {result['settle_seconds']:.1f} s "
               "(counted in their rows/cpu-s)")
