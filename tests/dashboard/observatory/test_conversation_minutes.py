@@ -21,14 +21,10 @@ from dashboard.observatory.models import (
     Span,
     ToolExecution,
 )
-from dashboard.observatory.services import minute_of, records_store, retention_purge
-from pipeline import parse_record
+from dashboard.observatory.services import minute_of, retention_purge
+from tests.dashboard.observatory.helpers import store
 
 pytestmark = pytest.mark.django_db
-
-
-def store(project, batch):
-    return records_store(project=project, records=[parse_record(item) for item in batch])
 
 
 def recount(conversation: Conversation) -> tuple[int, int, int]:

@@ -10,14 +10,9 @@ from django.db import connection
 
 from dashboard.observatory import costs, derivations
 from dashboard.observatory.models import Conversation
-from dashboard.observatory.services import records_store
-from pipeline import parse_record
+from tests.dashboard.observatory.helpers import store
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def store(project, batch):
-    return records_store(project=project, records=[parse_record(item) for item in batch])
 
 
 def test_it_never_lets_a_pass_that_read_early_overwrite_a_later_one(project, records, monkeypatch):

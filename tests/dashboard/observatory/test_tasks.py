@@ -23,14 +23,10 @@ from dashboard.observatory.models import (
     ToolHourlyRollup,
     ToolMinuteRollup,
 )
-from dashboard.observatory.services import hour_of, minute_of, records_store, retention_purge
-from pipeline import parse_record
+from dashboard.observatory.services import hour_of, minute_of, retention_purge
+from tests.dashboard.observatory.helpers import store
 
 pytestmark = pytest.mark.django_db
-
-
-def store(project, batch):
-    return records_store(project=project, records=[parse_record(item) for item in batch])
 
 
 def snapshot(rows: list[Model], exclude=("updated_at", "totals_updated_at")) -> list[dict]:
