@@ -9,6 +9,7 @@ a fixed number of grouped queries for any number of conversations or hours.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from contextlib import nullcontext
@@ -138,7 +139,7 @@ _SLICE_FIGURES = ("tool_calls", "tool_errors", "retries", "tool_model")
 SLICE_RANGES = 50  # minute ranges one slice query reads (ORed)
 
 
-def _conversation_totals_read(ids: list[int], slices: dict[int, tuple[list | None, dict]]) -> tuple[
+def _conversation_totals_read(ids: list[int], slices: _SlicesRead) -> tuple[
         list[Conversation], list[Round], Any]:
     """The conversations with their figures recomputed (but those of the tool calls:
     ``_slices_sum``), the rounds whose context changed, and their pricing: reads only."""
@@ -209,7 +210,7 @@ def _conversation_totals_read(ids: list[int], slices: dict[int, tuple[list | Non
             conversation.started_at = min(firsts)
             conversation.last_activity_at = max(lasts)
     # Pricing falls back to the conversation's model: as the slices will say.
-    _models_from_slices(conversations, _last_tool_models(ids, slices))
+    _models_from_slices(conversations, _last_tool_models(ids, slices.found))
 
     pricing = costs.conversations_priced(conversations)  # [costs] reads the old start hours
     with_rounds = [pk for pk in ids if rounds.get(pk, {}).get("n")]
@@ -229,62 +230,65 @@ def _minute_ranges(minutes: list[datetime]) -> list[tuple[datetime, datetime]]:
     return [(start, end) for start, end in ranges]
 
 
-def _slices_read(ids: list[int], minutes: list[datetime] | None) -> dict[int, tuple[list | None, dict]]:
-    """Per conversation: the minute ranges recomputed (None: all) and the slices
-    found in them from the tool rows, {minute: figures}. Reads only."""
+@dataclass
+class _SlicesRead:
+    """What a totals pass read of its conversations' minute slices, to write them."""
+
+    whole: list[int]  # conversations counted whole (no slice yet, or a rebuild)
+    ranged: list[int]  # conversations counted in ``ranges``
+    ranges: list[tuple[datetime, datetime]]
+    found: dict[int, dict[datetime, dict[str, Any]]]  # conversation -> minute -> figures
+
+    def covered(self, model: type[Model], field: str) -> list[Any]:
+        """Queries for the rows of ``model`` (by its time ``field``) these slices cover."""
+        queries = [model.objects.filter(conversation_id__in=self.whole)] if self.whole else []
+        for start in range(0, len(self.ranges) if self.ranged else 0, SLICE_RANGES):
+            in_ranges = Q()
+            for low, high in self.ranges[start:start + SLICE_RANGES]:
+                in_ranges |= Q(**{f"{field}__gte": low, f"{field}__lt": high})
+            queries.append(model.objects.filter(in_ranges, conversation_id__in=self.ranged))
+        return queries
+
+
+_EMPTY_SLICE = {"tool_calls": 0, "tool_errors": 0, "retries": 0, "tool_model": ""}
+
+
+def _slices_read(ids: list[int], minutes: list[datetime] | None) -> _SlicesRead:
+    """The slices of these conversations in ``minutes`` (None: all), counted from the
+    tool rows. Reads only."""
     with_slices = set() if minutes is None else set(
         ConversationMinute.objects.filter(conversation_id__in=ids).values_list("conversation_id", flat=True)
         .distinct())
-    whole = [pk for pk in ids if pk not in with_slices]
-    ranges = _minute_ranges(minutes or [])
-    found: dict[int, tuple[list | None, dict]] = {pk: (None, {}) for pk in whole}
-    found.update({pk: (ranges, {}) for pk in ids if pk in with_slices})
-    queries = [ToolExecution.objects.filter(conversation_id__in=whole)] if whole else []
-    with_ranges = sorted(with_slices)
-    for start in range(0, len(ranges) if with_ranges else 0, SLICE_RANGES):
-        in_ranges = Q()
-        for low, high in ranges[start:start + SLICE_RANGES]:
-            in_ranges |= Q(occurred_at__gte=low, occurred_at__lt=high)
-        queries.append(ToolExecution.objects.filter(in_ranges, conversation_id__in=with_ranges))
-    for query in queries:
+    read = _SlicesRead(whole=[pk for pk in ids if pk not in with_slices], ranged=sorted(with_slices),
+                       ranges=_minute_ranges(minutes or []), found={pk: {} for pk in ids})
+    for query in read.covered(ToolExecution, "occurred_at"):
         by_minute = query.annotate(minute=TruncMinute("occurred_at", tzinfo=dt_timezone.utc))
         for row in by_minute.values("conversation_id", "minute").order_by().annotate(
             n=Count("id"), errors=Count("id", filter=Q(success=False)), retries=Sum("retry_count"),
         ):
-            found[row["conversation_id"]][1][minute_of(row["minute"])] = {
-                "tool_calls": row["n"], "tool_errors": row["errors"], "retries": row["retries"] or 0,
-                "tool_model": ""}
+            read.found[row["conversation_id"]][minute_of(row["minute"])] = {
+                **_EMPTY_SLICE, "tool_calls": row["n"], "tool_errors": row["errors"], "retries": row["retries"] or 0}
         # the minute's last call that names a model (few calls do, spans' calls never)
         for conversation_id, occurred_at, model in by_minute.exclude(model="").order_by("occurred_at", "id") \
                 .values_list("conversation_id", "occurred_at", "model"):
-            entry = found[conversation_id][1].get(minute_of(occurred_at))
+            entry = read.found[conversation_id].get(minute_of(occurred_at))
             if entry is not None:  # else stored between the two queries: the next pass counts it
                 entry["tool_model"] = model
-    return found
+    return read
 
 
-def _slices_write(slices: dict[int, tuple[list | None, dict]], began: datetime) -> set[int]:
-    """Write the slices read, and zeros for the stored ones in the ranges read that
-    no rows fill any more, but none a pass begun after ``began`` wrote; inside the
-    totals' transaction. Returns the conversations whose slices changed."""
+def _slices_write(read: _SlicesRead, began: datetime) -> set[int]:
+    """Write the slices read, and zeros for the stored ones they cover that no rows
+    fill any more, but none a pass begun after ``began`` wrote; inside the totals'
+    transaction. Returns the conversations whose slices changed."""
     stored: dict[tuple[int, datetime], tuple] = {}
-    whole = [pk for pk, (ranges, _) in slices.items() if ranges is None]
-    ranged = {pk: ranges for pk, (ranges, _) in slices.items() if ranges}
-    queries = [ConversationMinute.objects.filter(conversation_id__in=whole)] if whole else []
-    all_ranges = sorted({r for ranges in ranged.values() for r in ranges})
-    for start in range(0, len(all_ranges) if ranged else 0, SLICE_RANGES):
-        in_ranges = Q()
-        for low, high in all_ranges[start:start + SLICE_RANGES]:
-            in_ranges |= Q(minute__gte=low, minute__lt=high)
-        queries.append(ConversationMinute.objects.filter(in_ranges, conversation_id__in=sorted(ranged)))
-    for query in queries:
+    for query in read.covered(ConversationMinute, "minute"):
         for row in query.values_list("conversation_id", "minute", "updated_at", *_SLICE_FIGURES):
             stored[(row[0], row[1])] = row[2:]
     for pk, minute in stored:
-        if pk in slices and minute not in slices[pk][1]:
-            slices[pk][1][minute] = {"tool_calls": 0, "tool_errors": 0, "retries": 0, "tool_model": ""}
+        read.found[pk].setdefault(minute, dict(_EMPTY_SLICE))
     rows, changed = [], set()
-    for pk, (_, found) in slices.items():
+    for pk, found in read.found.items():
         for minute, figures in found.items():
             was = stored.get((pk, minute))
             if was is not None and was[0] > began:
@@ -300,15 +304,16 @@ def _slices_write(slices: dict[int, tuple[list | None, dict]], began: datetime) 
     return changed
 
 
-def _last_tool_models(ids: list[int], slices: dict[int, tuple[list | None, dict]] | None = None) -> dict[int, str]:
+def _last_tool_models(ids: list[int], found: dict[int, dict[datetime, dict[str, Any]]] | None = None
+                      ) -> dict[int, str]:
     """Each conversation's model of its last tool call naming one, from its stored
-    slices; with ``slices`` (read, not written yet) a later minute of theirs wins."""
+    slices; with ``found`` (slices read, not written yet) a later minute of theirs wins."""
     models = {}
     for pk, minute, model in Conversation.objects.filter(pk__in=ids).annotate(
         minute=_first(ConversationMinute.objects.exclude(tool_model=""), "minute", "-minute"),
         model_of_tools=_first(ConversationMinute.objects.exclude(tool_model=""), "tool_model", "-minute"),
     ).values_list("pk", "minute", "model_of_tools"):
-        read = [(m, 1, figures["tool_model"]) for m, figures in (slices or {}).get(pk, (None, {}))[1].items()
+        read = [(m, 1, figures["tool_model"]) for m, figures in (found or {}).get(pk, {}).items()
                 if figures["tool_model"]]  # 1: for the same minute, what was just read wins
         latest = max(read + ([(minute, 0, model)] if model else []), default=None)
         if latest:
