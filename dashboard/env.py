@@ -95,6 +95,7 @@ def running_tests() -> bool:
 
 
 SQLITE_SYNCHRONOUS_CHOICES = ("FULL", "NORMAL", "EXTRA")
+SQLITE_BUSY_TIMEOUT_MS = 5000  # how long a writer waits for its turn before "database is locked"
 
 
 def sqlite_synchronous(name: str = "SQLITE_SYNCHRONOUS") -> str:
@@ -108,7 +109,8 @@ def database(name: str, data_dir: Path) -> dict[str, Any]:
     """DATABASES["default"] from a URL; unset means SQLite in the data dir.
 
     SQLite runs in WAL mode with IMMEDIATE transactions so concurrent ingest writers
-    queue on the busy timeout instead of failing on a lock upgrade. ``SQLITE_SYNCHRONOUS``
+    queue (in the kernel: ``dashboard.sqlite``) for up to the busy timeout instead
+    of failing on a lock upgrade. ``SQLITE_SYNCHRONOUS``
     picks durability: FULL (the default) syncs the WAL at every commit, so an
     acknowledged batch survives a power cut; NORMAL syncs only at checkpoints (an
     acknowledged commit can be lost on power failure, never on a process crash).
@@ -116,11 +118,11 @@ def database(name: str, data_dir: Path) -> dict[str, Any]:
     url = os.environ.get(name, "").strip()
     if not url:
         return {
-            "ENGINE": "django.db.backends.sqlite3",
+            "ENGINE": "dashboard.sqlite",  # Django's, with the writers queued (dashboard/sqlite/base.py)
             "NAME": data_dir / "observatory.sqlite3",
             "OPTIONS": {
                 "init_command": (
-                    f"PRAGMA journal_mode=WAL; PRAGMA synchronous={sqlite_synchronous()}; PRAGMA busy_timeout=5000"
+                    f"PRAGMA journal_mode=WAL; PRAGMA synchronous={sqlite_synchronous()}; PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}"
                 ),
                 "transaction_mode": "IMMEDIATE",
             },
