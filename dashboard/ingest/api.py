@@ -23,8 +23,9 @@ from ninja.security.http import HttpAuthBase
 from pydantic import TypeAdapter
 
 from dashboard import converters  # noqa: F401  (registers artifact_id)
-from dashboard.observatory.services import artifact_store, derivations_enqueue, records_store
-from dashboard.priority import ingest_transaction, yield_to_pages
+from dashboard.accounts.models import Project
+from dashboard.observatory.services import StoreOutcome, artifact_store, derivations_enqueue, records_store
+from dashboard.priority import yield_to_pages
 from dashboard.tuning.services import config_body_and_etag, effective_config
 from pipeline import IngestResponse, Record, RecordSchemaError, parse_record
 
@@ -40,6 +41,7 @@ from .common import (
     read_body,
     timestamp_bounds,
 )
+from .group_commit import ingest_write
 
 RECORDS_JSON_DEPTH = 32
 SHA256_PATTERN = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -133,13 +135,18 @@ def post_records(request: HttpRequest) -> dict[str, Any]:
         memory_reserve(json_decode_cost(body), "the records")  # the validated models
         valid, rejected = records_validate(items)
         received_from = timezone.now()  # before the rows are stamped received
-        with ingest_transaction():
-            outcome = records_store(project=project, records=valid)
-            derivations_enqueue(
-                project_id=project.pk, conversation_ids=outcome.conversation_ids, minutes=outcome.tool_minutes,
-                rows_from=received_from,
-            )
+        outcome = ingest_write(lambda: _records_write(project, valid, received_from))
     return {"accepted": outcome.accepted, "duplicates": outcome.duplicates, "rejected": rejected}
+
+
+def _records_write(project: Project, valid: list[Any], received_from: datetime) -> StoreOutcome:
+    """The batch's writes, inside the (group) transaction: may run twice (see ingest.group_commit)."""
+    outcome = records_store(project=project, records=valid)
+    derivations_enqueue(
+        project_id=project.pk, conversation_ids=outcome.conversation_ids, minutes=outcome.tool_minutes,
+        rows_from=received_from,
+    )
+    return outcome
 
 
 def records_validate(items: list[Any]) -> tuple[list[Any], list[dict[str, Any]]]:

@@ -1,6 +1,7 @@
 """Store decoded OTLP log records and link them to their conversation.
 
-The logs twin of ``spans.spans_store``: one transaction, one bulk insert that
+The logs twin of ``spans.spans_store``: one transaction (shared with the other
+requests the process stores at that moment: ``group_commit``), one bulk insert that
 skips what is already stored (a retried batch: (project, trace_id, span_id,
 record_hash) is unique, the hash taken over the record's content), acknowledged
 only after the commit.
@@ -19,7 +20,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
+from typing import Any, Sequence
 
 from django.utils import timezone as dj_timezone
 
@@ -27,8 +28,8 @@ from dashboard.accounts.models import Project
 from dashboard.observatory.conventions import text_of
 from dashboard.observatory.models import LogRecord, Span
 from dashboard.observatory.services import conversations_get_or_create, insert_ignoring_conflicts
-from dashboard.priority import ingest_transaction
 
+from .group_commit import ingest_write
 from .otlp_logs import LogRow
 from .spans import _CONVERSATION_KEY_MAX, _LOOKUP_CHUNK, _aware
 
@@ -85,17 +86,21 @@ def logs_store(*, project: Project, logs: Sequence[LogRow]) -> StoredLogs:
         }
         for log, key in zip(logs, keys)
     ]
-    with ingest_transaction():
-        by_key = _conversations_for(project, logs, keys)
-        by_span, by_trace = _span_conversations(project, {log.trace_id for log in logs if log.trace_id})
-        linked = 0
-        for row, log, key in zip(rows, logs, keys):
-            conversation = (
-                by_key.get(key) if key else None
-            ) or by_span.get((log.trace_id, log.span_id)) or by_trace.get(log.trace_id)
-            row["conversation_id"] = conversation
-            linked += conversation is not None
-        inserted = insert_ignoring_conflicts(LogRecord, rows)
+    return ingest_write(lambda: _logs_write(project, logs, keys, rows))
+
+
+def _logs_write(project: Project, logs: Sequence[LogRow], keys: Sequence[str], rows: list[dict[str, Any]]) -> StoredLogs:
+    """The batch's writes, inside the (group) transaction: may run twice (see ingest.group_commit)."""
+    by_key = _conversations_for(project, logs, keys)
+    by_span, by_trace = _span_conversations(project, {log.trace_id for log in logs if log.trace_id})
+    linked = 0
+    for row, log, key in zip(rows, logs, keys):
+        conversation = (
+            by_key.get(key) if key else None
+        ) or by_span.get((log.trace_id, log.span_id)) or by_trace.get(log.trace_id)
+        row["conversation_id"] = conversation
+        linked += conversation is not None
+    inserted = insert_ignoring_conflicts(LogRecord, rows)
     return StoredLogs(inserted, len(rows) - inserted, linked)
 
 

@@ -3,8 +3,9 @@
 This is the hot write path of ``POST /v1/traces``, so it is built for throughput:
 the rows are plain tuples (no model instance per span), JSON columns are encoded
 once (a resource once per resource, not once per span), and the whole batch goes
-in one transaction as one bulk insert that ignores rows already stored, so a
-retried batch stores no duplicate:
+in one transaction (shared with the other batches the process stores at that
+moment: ``group_commit``) as one bulk insert that ignores rows already stored, so
+a retried batch stores no duplicate:
 
 - SQLite: ``executemany`` of ``INSERT ... ON CONFLICT DO NOTHING``;
 - PostgreSQL: ``COPY`` straight into the table, and only when that meets a
@@ -43,7 +44,6 @@ from django.db import connection
 from django.utils import timezone as dj_timezone
 
 from dashboard.accounts.models import Project
-from dashboard.priority import ingest_transaction
 from dashboard.observatory.conventions import KEYS as CONVENTION_KEYS
 from dashboard.observatory.conventions import is_genai, link_facts
 from dashboard.observatory.models import Conversation, Span, ToolExecution
@@ -54,6 +54,7 @@ from dashboard.observatory.services import (
     json_text,
 )
 
+from .group_commit import ingest_write
 from .otlp import TRUNCATION_MARKER, SpanRow
 
 _LOOKUP_CHUNK = 500  # ids per IN (...) query; stays under every backend's limit
@@ -112,7 +113,7 @@ class StoredSpans:
 
 
 def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
-    """Store one decoded batch for ``project`` in one transaction.
+    """Store one decoded batch for ``project`` in one (group) transaction.
 
     Returns after the commit, so an acknowledged span is never lost. The caller
     wraps it in ``database_errors_as_busy`` to answer 503 when the database is
@@ -130,28 +131,39 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
     # transaction (on SQLite it holds the write lock), for the traces no span of
     # this batch names.
     stored = _stored_trace_conversations(project, spans, links)
-    with ingest_transaction():
-        by_key = _conversations_for(project, spans, links)
-        executions = _tool_executions_for(project, links)
-        conversations = _conversation_per_span(spans, links, by_key, executions, stored)
-        inserted = _insert([row + (conversation,) for row, conversation in zip(rows, conversations)])
-        linked = _link_tool_executions(project, spans, links, executions)
-        touched = tuple(sorted({conversation for conversation in conversations if conversation is not None}))
-        tool_minutes = {_aware(span.start_time_unix_nano) for span, (_, tool, _, _) in zip(spans, links) if tool}
-        # Traces to finish linking from the outbox: those a key just linked (their
-        # children may be stored already), and, in a batch with GenAI spans, those
-        # with a span still unlinked (its naming span may be in a concurrent batch).
-        # A batch of plain spans notes nothing: a trace already linked was found
-        # above, and a later naming span's note links its stored spans.
-        genai_batch = any(key or tool or call_id or operation for key, tool, call_id, operation in links)
-        traces = sorted({
-            span.trace_id for span, conversation, (key, _, _, _) in zip(spans, conversations, links)
-            if key or (conversation is None and genai_batch)
-        })
-        if inserted and (tool_minutes or traces or touched or any(_has_genai(span) for span in spans)):
-            # Once per batch, after commit (robust there: never a 500 for a committed batch).
-            derivations_enqueue(project_id=project.pk, conversation_ids=touched, minutes=tool_minutes, trace_ids=traces,
-                                rows_from=received_at)
+    return ingest_write(lambda: _spans_write(project, spans, links, rows, stored, received_at))
+
+
+def _spans_write(
+    project: Project,
+    spans: Sequence[SpanRow],
+    links: Sequence[tuple[str, str, str, str]],
+    rows: list[tuple[Any, ...]],
+    stored: dict[str, int],
+    received_at: datetime,
+) -> StoredSpans:
+    """The batch's writes, inside the (group) transaction: may run twice (see ingest.group_commit)."""
+    by_key = _conversations_for(project, spans, links)
+    executions = _tool_executions_for(project, links)
+    conversations = _conversation_per_span(spans, links, by_key, executions, stored)
+    inserted = _insert([row + (conversation,) for row, conversation in zip(rows, conversations)])
+    linked = _link_tool_executions(project, spans, links, executions)
+    touched = tuple(sorted({conversation for conversation in conversations if conversation is not None}))
+    tool_minutes = {_aware(span.start_time_unix_nano) for span, (_, tool, _, _) in zip(spans, links) if tool}
+    # Traces to finish linking from the outbox: those a key just linked (their
+    # children may be stored already), and, in a batch with GenAI spans, those
+    # with a span still unlinked (its naming span may be in a concurrent batch).
+    # A batch of plain spans notes nothing: a trace already linked was found
+    # above, and a later naming span's note links its stored spans.
+    genai_batch = any(key or tool or call_id or operation for key, tool, call_id, operation in links)
+    traces = sorted({
+        span.trace_id for span, conversation, (key, _, _, _) in zip(spans, conversations, links)
+        if key or (conversation is None and genai_batch)
+    })
+    if inserted and (tool_minutes or traces or touched or any(_has_genai(span) for span in spans)):
+        # Once per batch, after commit (robust there: never a 500 for a committed batch).
+        derivations_enqueue(project_id=project.pk, conversation_ids=touched, minutes=tool_minutes, trace_ids=traces,
+                            rows_from=received_at)
     return StoredSpans(inserted, len(spans) - inserted, touched, linked)
 
 

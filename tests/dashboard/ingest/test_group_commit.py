@@ -1,0 +1,153 @@
+"""Group commit (dashboard/ingest/group_commit.py) on the real database: requests
+storing at the same moment share one transaction, each gets its own outcome, and
+none is answered before its commit."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+from django.db import OperationalError, connection, transaction
+
+from dashboard.ingest import group_commit
+from dashboard.ingest.group_commit import GroupCommit
+from dashboard.observatory.models import Conversation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``fn`` on its own thread (its own connection, as a request's); the outcome lands in the dict."""
+    outcome: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            outcome["result"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def _conversation(project: Any, name: str) -> Callable[[], int]:
+    return lambda: Conversation.objects.create(project=project, external_id=name).pk
+
+
+def _leader_holding(committer: GroupCommit, project: Any) -> tuple[threading.Thread, dict[str, Any], threading.Event]:
+    """A first write that leads a group and stays inside its transaction until released,
+    so that the writes started meanwhile queue for the next group."""
+    inside, release = threading.Event(), threading.Event()
+
+    def first() -> int:
+        inside.set()
+        assert release.wait(10)
+        return _conversation(project, "a")()
+
+    thread, outcome = _in_thread(lambda: committer.run(first))
+    assert inside.wait(10)
+    return thread, outcome, release
+
+
+def _names(project: Any) -> set[str]:
+    return set(Conversation.objects.filter(project=project).values_list("external_id", flat=True))
+
+
+def test_writes_queued_while_a_group_commits_share_the_next_transaction(project):
+    committer = GroupCommit()
+    first, first_outcome, release = _leader_holding(committer, project)
+    others = [_in_thread(lambda name=name: committer.run(_conversation(project, name))) for name in ("b", "c")]
+    _until(lambda: len(committer._queue) == 2, "the two writes to queue")
+    release.set()
+    for thread, _ in [(first, first_outcome), *others]:
+        thread.join(10)
+    ids = [first_outcome["result"], *(outcome["result"] for _, outcome in others)]
+    assert committer.groups == 2  # the leader's own group, then b and c together
+    assert len(set(ids)) == 3 and _names(project) == {"a", "b", "c"}
+
+
+def test_a_failing_write_fails_alone_and_the_others_of_its_group_are_stored(project):
+    committer = GroupCommit()
+    first, first_outcome, release = _leader_holding(committer, project)
+
+    def bad() -> int:
+        _conversation(project, "b")()  # written, then the write fails: rolled back
+        raise ValueError("hostile batch")
+
+    failing = _in_thread(lambda: committer.run(bad))
+    _until(lambda: len(committer._queue) == 1, "the bad write to queue")
+    good = _in_thread(lambda: committer.run(_conversation(project, "c")))
+    _until(lambda: len(committer._queue) == 2, "the good write to queue")
+    release.set()
+    for thread, _ in [(first, first_outcome), failing, good]:
+        thread.join(10)
+    assert isinstance(failing[1]["error"], ValueError)
+    assert "result" in good[1] and "result" in first_outcome
+    assert _names(project) == {"a", "c"}
+    assert committer.groups == 4  # a; b+c rolled back; then b and c each alone
+
+
+def test_a_group_that_cannot_begin_fails_every_write_of_it_and_stores_nothing(project, monkeypatch):
+    from dashboard.sqlite import base as sqlite_base
+
+    if connection.vendor != "sqlite":
+        pytest.skip("the writer lock held from another connection is SQLite's")
+    monkeypatch.setattr(sqlite_base, "BUSY_TIMEOUT_S", 1.0)
+    committer = GroupCommit()
+    holding, release = threading.Event(), threading.Event()
+
+    def other_writer() -> None:  # not through the group: another process's transaction, say
+        with transaction.atomic():
+            holding.set()
+            assert release.wait(10)
+
+    other = _in_thread(other_writer)
+    assert holding.wait(10)
+    first = _in_thread(lambda: committer.run(_conversation(project, "a")))
+    _until(lambda: committer._leading, "the first write to lead")
+    # While the first waits for the lock (in vain), two more queue: one group.
+    queued = [_in_thread(lambda name=name: committer.run(_conversation(project, name))) for name in ("b", "c")]
+    _until(lambda: len(committer._queue) == 2, "the two writes to queue")
+    for thread, outcome in (first, *queued):
+        thread.join(10)
+        assert isinstance(outcome["error"], OperationalError)
+    release.set()
+    other[0].join(10)
+    assert committer.groups == 2 and _names(project) == set()
+
+
+def test_a_write_returns_only_after_its_transaction_committed(project):
+    committed: list[str] = []
+
+    def write() -> int:
+        transaction.on_commit(lambda: committed.append("done"))
+        return _conversation(project, "a")()
+
+    thread, outcome = _in_thread(lambda: group_commit.ingest_write(write))
+    thread.join(10)
+    assert committed == ["done"] and outcome["result"]
+    seen = _in_thread(lambda: _names(project))  # another connection sees it
+    seen[0].join(10)
+    assert seen[1]["result"] == {"a"}
+
+
+def test_inside_a_transaction_a_write_runs_in_it_alone(project):
+    committer = GroupCommit()
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            committer.run(_conversation(project, "a"))
+            raise RuntimeError("the caller's transaction rolls back")
+    assert committer.groups == 0 and _names(project) == set()
