@@ -118,15 +118,39 @@ def test_a_group_that_cannot_begin_fails_every_write_of_it_and_stores_nothing(pr
     assert holding.wait(10)
     first = _in_thread(lambda: committer.run(_conversation(project, "a")))
     _until(lambda: committer._leading, "the first write to lead")
-    # While the first waits for the lock (in vain), two more queue: one group.
+    # While the first waits for the lock (in vain), two more queue and join its group.
     queued = [_in_thread(lambda name=name: committer.run(_conversation(project, name))) for name in ("b", "c")]
-    _until(lambda: len(committer._queue) == 2, "the two writes to queue")
+    _until(lambda: len(committer._queue) == 3, "the two writes to queue behind the first, still queued")
     for thread, outcome in (first, *queued):
         thread.join(10)
         assert isinstance(outcome["error"], OperationalError)
     release.set()
     other[0].join(10)
-    assert committer.groups == 2 and _names(project) == set()
+    assert committer.groups == 1 and _names(project) == set()
+
+
+def test_writes_queued_while_the_leader_waits_for_the_database_join_its_transaction(project):
+    if connection.vendor != "sqlite":
+        pytest.skip("the writer lock held from another connection is SQLite's")
+    committer = GroupCommit()
+    holding, release = threading.Event(), threading.Event()
+
+    def other_writer() -> None:
+        with transaction.atomic():
+            holding.set()
+            assert release.wait(10)
+
+    other = _in_thread(other_writer)
+    assert holding.wait(10)
+    writes = [_in_thread(lambda: committer.run(_conversation(project, "a")))]
+    _until(lambda: committer._leading, "the first write to lead")
+    writes += [_in_thread(lambda name=name: committer.run(_conversation(project, name))) for name in ("b", "c")]
+    _until(lambda: len(committer._queue) == 3, "the two writes to queue behind the first, still queued")
+    release.set()
+    for thread, _ in [other, *writes]:
+        thread.join(10)
+    assert all("result" in outcome for _, outcome in writes)
+    assert committer.groups == 1 and _names(project) == {"a", "b", "c"}
 
 
 def test_a_write_returns_only_after_its_transaction_committed(project):

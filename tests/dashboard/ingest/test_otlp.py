@@ -336,6 +336,27 @@ def test_it_gives_a_span_without_a_key_the_conversation_of_its_trace(client, aut
     }
 
 
+def _plain_span_later(trace_id: bytes, start_ns: int) -> bytes:
+    """One plain span of ``trace_id`` starting at ``start_ns``, in a batch of its own."""
+    request = make_request(1, trace_id=trace_id)
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    span.span_id = b"\x07" * 8
+    span.start_time_unix_nano = start_ns
+    span.end_time_unix_nano = start_ns + 1_000_000
+    return request.SerializeToString()
+
+
+def test_a_plain_span_in_a_later_batch_takes_the_conversation_its_trace_has_in_the_store(client, auth, project):
+    named = make_request(1, attributes=genai(gen_ai__conversation__id="conv-stored"))
+    named_span = named.resource_spans[0].scope_spans[0].spans[0]
+    assert post(client, named.SerializeToString(), auth).status_code == 200
+    hours = 3_600 * 10**9
+    later = _plain_span_later(named_span.trace_id, named_span.start_time_unix_nano + 20 * hours)
+    assert post(client, later, auth).status_code == 200
+    conversation = Conversation.objects.get(external_id="conv-stored")
+    assert Span.objects.get(span_id="0707070707070707").conversation_id == conversation.pk
+
+
 def test_it_keeps_the_tool_call_id_when_no_tool_execution_exists_yet(client, auth, project):
     request = make_request(1, attributes=genai(gen_ai__tool__name="search", gen_ai__tool__call__id="call_later"))
     assert post(client, request.SerializeToString(), auth).status_code == 200
