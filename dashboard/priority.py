@@ -24,13 +24,12 @@ database backend competing for the two cores with the page being served. So the
 server's ingest transactions take one of ``OBSERVATORY_MAX_CONCURRENT_WRITES``
 write slots (default: half the cores on PostgreSQL; SQLite's own write lock already
 admits one) — lock files next to the board, held with ``flock`` (a process killed
-holding one releases it) — and wait, polling, for a free one (at most ``WRITE_WAIT``,
-then go on without: the slots shape the load, they never refuse it).
+holding one releases it) — and wait, queued in the kernel, for one (at most
+``WRITE_WAIT``, then go on without: the slots shape the load, they never refuse it).
 """
 
 from __future__ import annotations
 
-import fcntl
 import mmap
 import os
 import random
@@ -42,6 +41,8 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Optional
 
 from django.http import HttpRequest, HttpResponse
+
+from dashboard.queued_lock import QueuedFileLock
 
 MAX_WAIT = 0.05  # seconds one safe point may wait
 POLL = 0.005  # seconds between looks at the board while another process serves a page
@@ -124,32 +125,25 @@ _no_page.set()
 
 
 class WriteSlots:
-    """``count`` slots shared by the server's processes: lock file ``{board}.w{k}``
-    per slot, one descriptor per slot per process, and a thread lock per slot so
-    two threads of a process never share one (``flock`` belongs to the descriptor)."""
+    """``count`` slots shared by the server's processes: a ``QueuedFileLock`` on
+    ``{board}.w{k}`` per slot (one descriptor per slot per process, so two threads
+    of a process never share one: ``flock`` belongs to the descriptor). A waiter
+    queues in the kernel on one slot and takes it the moment it is released."""
 
     def __init__(self, board_path: str, count: int) -> None:
         self.count = count
-        self._fds = [os.open(f"{board_path}.w{slot}", os.O_RDWR | os.O_CREAT, 0o600) for slot in range(count)]
-        self._locks = [threading.Lock() for _ in range(count)]
+        self._locks = [QueuedFileLock(f"{board_path}.w{slot}") for slot in range(count)]
 
     def try_take(self) -> Optional[int]:
         """A free slot, taken; None when all are held."""
         start = random.randrange(self.count)  # spread the processes over the slots
         for step in range(self.count):
             slot = (start + step) % self.count
-            if not self._locks[slot].acquire(blocking=False):
-                continue
-            try:
-                fcntl.flock(self._fds[slot], fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                self._locks[slot].release()
-                continue
-            return slot
+            if self._locks[slot].try_acquire():
+                return slot
         return None
 
     def give_back(self, slot: int) -> None:
-        fcntl.flock(self._fds[slot], fcntl.LOCK_UN)
         self._locks[slot].release()
 
     @contextmanager
@@ -158,10 +152,8 @@ class WriteSlots:
         without (yields False): the slots shape the load, they never refuse it."""
         slot = self.try_take()
         if slot is None:
-            deadline = time.monotonic() + wait
-            while slot is None and time.monotonic() < deadline:
-                time.sleep(POLL)
-                slot = self.try_take()
+            queued = random.randrange(self.count)
+            slot = queued if self._locks[queued].acquire(wait) else None
         try:
             yield slot is not None
         finally:

@@ -1,4 +1,4 @@
-"""SQLite's writers queued in the kernel (dashboard/sqlite/base.py): a waiter gets
+"""SQLite's writers queued in the kernel (dashboard/sqlite/base.py, dashboard/queued_lock.py): a waiter gets
 the lock when it is released (not at its next poll), gives up at its deadline,
 never steals the lock back after giving up, and a holder killed with -9 lets go."""
 
@@ -15,7 +15,8 @@ import pytest
 from django.db import OperationalError, connection, transaction
 
 from dashboard.sqlite import base as sqlite_base
-from dashboard.sqlite.base import WriterQueue, writer_queue
+from dashboard.queued_lock import QueuedFileLock
+from dashboard.sqlite.base import writer_queue
 
 _HOLDER = """
 import fcntl, os, sys
@@ -49,7 +50,7 @@ def _free_for_another_process(path: Path) -> bool:
 def test_a_waiter_takes_the_lock_when_the_other_process_lets_go(tmp_path):
     path = tmp_path / "db-writers"
     holder = _holder(path)
-    queue = WriterQueue(str(path))
+    queue = QueuedFileLock(str(path))
     threading.Timer(0.3, holder.stdin.close).start()
     started = time.monotonic()
     assert queue.acquire(timeout=20)
@@ -66,7 +67,7 @@ def test_a_waiter_takes_the_lock_when_the_other_process_lets_go(tmp_path):
 def test_a_waiter_gives_up_at_its_deadline_and_the_helper_does_not_keep_the_lock(tmp_path):
     path = tmp_path / "db-writers"
     holder = _holder(path)
-    queue = WriterQueue(str(path))
+    queue = QueuedFileLock(str(path))
     started = time.monotonic()
     assert not queue.acquire(timeout=0.2)
     assert time.monotonic() - started < 5
@@ -88,7 +89,7 @@ def test_a_waiter_gives_up_at_its_deadline_and_the_helper_does_not_keep_the_lock
 def test_a_new_waiter_while_the_helper_still_waits_gets_the_lock_from_it_not_twice(tmp_path):
     path = tmp_path / "db-writers"
     holder = _holder(path)
-    queue = WriterQueue(str(path))
+    queue = QueuedFileLock(str(path))
     assert not queue.acquire(timeout=0.1)  # the helper keeps waiting in flock
     threading.Timer(0.3, holder.stdin.close).start()
     assert queue.acquire(timeout=20)  # handed over by the helper when the holder lets go
@@ -103,7 +104,7 @@ def test_a_new_waiter_while_the_helper_still_waits_gets_the_lock_from_it_not_twi
 def test_a_holder_killed_with_minus_9_lets_the_lock_go(tmp_path):
     path = tmp_path / "db-writers"
     holder = _holder(path)
-    queue = WriterQueue(str(path))
+    queue = QueuedFileLock(str(path))
     threading.Timer(0.2, lambda: holder.send_signal(signal.SIGKILL)).start()
     assert queue.acquire(timeout=20)
     queue.release()
@@ -111,7 +112,7 @@ def test_a_holder_killed_with_minus_9_lets_the_lock_go(tmp_path):
 
 
 def test_threads_of_one_process_take_turns(tmp_path):
-    queue = WriterQueue(str(tmp_path / "db-writers"))
+    queue = QueuedFileLock(str(tmp_path / "db-writers"))
     inside = 0
     most = 0
     lock = threading.Lock()
