@@ -23,7 +23,9 @@ Linking, from span attributes read through the conventions table
 span attributes first, then resource attributes): the conversation key names the
 conversation (created when it does not exist yet); a span without one takes the
 conversation of the tool execution with its tool call id, else of another span of
-its trace in the batch. Tool name, tool call id and operation are copied to columns,
+its trace in the batch, else the conversation recorded for its trace
+(``TraceConversation``, written by every batch and derivation that links a span).
+Tool name, tool call id and operation are copied to columns,
 and a ToolExecution already stored with that tool_call_id gets this span (the
 record-arrives-later order is the link task's job). Spans still unlinked, and the
 traces that a span of this batch just linked, go into the derivation note as trace
@@ -35,7 +37,6 @@ and tool spans into rounds, messages and tool executions (observatory.span_rows)
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
@@ -53,6 +54,7 @@ from dashboard.observatory.services import (
     insert_values_ignoring_conflicts,
     json_text,
 )
+from dashboard.observatory.trace_links import trace_conversations_find, trace_conversations_record
 
 from .group_commit import ingest_write
 from .otlp import TRUNCATION_MARKER, SpanRow
@@ -127,7 +129,7 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
     # JSON encoding should not happen while the other workers wait for it.
     received_at = dj_timezone.now()
     rows = _rows(project.pk, spans, links, received_at)
-    # Traces already linked to a conversation by a stored span: read before the
+    # Traces already linked to a conversation (TraceConversation): read before the
     # transaction (on SQLite it holds the write lock), for the traces no span of
     # this batch names.
     stored = _stored_trace_conversations(project, spans, links)
@@ -147,6 +149,7 @@ def _spans_write(
     executions = _tool_executions_for(project, links)
     conversations = _conversation_per_span(spans, links, by_key, executions, stored)
     inserted = _insert([row + (conversation,) for row, conversation in zip(rows, conversations)])
+    _record_traces(project, spans, conversations, stored)
     linked = _link_tool_executions(project, spans, links, executions)
     touched = tuple(sorted({conversation for conversation in conversations if conversation is not None}))
     tool_minutes = {_aware(span.start_time_unix_nano) for span, (_, tool, _, _) in zip(spans, links) if tool}
@@ -224,7 +227,7 @@ def _conversation_per_span(
 ) -> list[int | None]:
     """The conversation of each span: by its key, else by the tool execution of
     its tool_call_id, else by another span of the same trace in this batch, else
-    by a stored span of its trace."""
+    by the conversation recorded for its trace."""
     conversations: list[int | None] = []
     by_trace: dict[str, int] = dict(stored)
     for span, (key, _, call_id, _) in zip(spans, links):
@@ -245,36 +248,33 @@ def _conversation_per_span(
 def _stored_trace_conversations(
     project: Project, spans: Sequence[SpanRow], links: Sequence[tuple[str, str, str, str]]
 ) -> dict[str, int]:
-    """trace_id -> conversation of a stored span, for the batch's traces that no
-    span of the batch names (one query on the (project, trace_id, …) index per
-    500 traces; none when every trace is named)."""
+    """trace_id -> conversation recorded for it (``TraceConversation``), for the
+    batch's traces that no span of the batch names: one probe of that table's
+    unique key per trace, none when every trace is named. Not bounded by time: a
+    batch of plain spans notes nothing for the outbox, so a trace named days
+    before is found here or not at all."""
     named = {span.trace_id for span, (key, _, call_id, _) in zip(spans, links) if key or call_id}
     unnamed = sorted({span.trace_id for span in spans} - named)
     found: dict[str, int] = {}
-    if not unnamed:
-        return found
-    # Not bounded by time: a batch of plain spans notes nothing for the outbox, so a
-    # trace named days before is found here or not at all (on PostgreSQL this plans
-    # every day partition; deploy/SCALING.md says what that costs).
-    with connection.cursor() as cursor:
-        for start in range(0, len(unnamed), _LOOKUP_CHUNK):
-            chunk = unnamed[start:start + _LOOKUP_CHUNK]
-            # Hand-written: the ORM compiled this query in more time than a small
-            # batch takes to store (it runs for nearly every batch of plain spans).
-            cursor.execute(_stored_trace_query(len(chunk)), [project.pk, *chunk])
-            for trace_id, conversation_id in cursor.fetchall():
-                found.setdefault(trace_id, conversation_id)
+    for start in range(0, len(unnamed), _LOOKUP_CHUNK):
+        found.update(trace_conversations_find(project_id=project.pk, trace_ids=unnamed[start:start + _LOOKUP_CHUNK]))
     return found
 
 
-@functools.lru_cache(maxsize=64)
-def _stored_trace_query(count: int) -> str:
-    quote = connection.ops.quote_name
-    return (
-        f"SELECT {quote('trace_id')}, {quote('conversation_id')} FROM {quote(Span._meta.db_table)} "
-        f"WHERE {quote('project_id')} = %s AND {quote('trace_id')} IN ({', '.join(['%s'] * count)}) "
-        f"AND {quote('conversation_id')} IS NOT NULL"
-    )
+def _record_traces(
+    project: Project, spans: Sequence[SpanRow], conversations: Sequence[int | None], stored: dict[str, int]
+) -> None:
+    """Record the conversation of each trace this batch linked a span of (but those
+    found recorded), for the later batches of plain spans of the trace."""
+    traces: dict[str, tuple[int, int]] = {}  # trace_id -> (conversation, earliest start in the batch)
+    for span, conversation in zip(spans, conversations):
+        if conversation is not None and span.trace_id not in stored:
+            first = traces.get(span.trace_id)
+            if first is None or span.start_time_unix_nano < first[1]:
+                traces[span.trace_id] = (first[0] if first else conversation, span.start_time_unix_nano)
+    trace_conversations_record(project_id=project.pk, traces={
+        trace_id: (conversation, _aware(start)) for trace_id, (conversation, start) in traces.items()
+    })
 
 
 # --- rows ---------------------------------------------------------------------------

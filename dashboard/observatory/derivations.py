@@ -27,6 +27,7 @@ from dashboard.priority import yield_to_pages
 from . import conventions, costs
 from .histogram import LATENCY_BUCKET_BOUNDS_MS, bucket_index, empty_histogram
 from .span_rows import received_window
+from .trace_links import trace_conversations_record
 from .models import (
     Artifact,
     CompressionEvent,
@@ -899,6 +900,12 @@ def _spans_link(project_id: int, queries: list[Any], counts: dict[str, Any], gai
             span.conversation_id = conversation_id
             changed.append(span)
     update_rows(Span, changed, ["conversation", "conversation_key"])
+    traces: dict[str, tuple[int, datetime]] = {}
+    for span in changed:
+        first = traces.get(span.trace_id)
+        if first is None or span.start_time < first[1]:
+            traces[span.trace_id] = (first[0] if first else span.conversation_id, span.start_time)
+    trace_conversations_record(project_id=project_id, traces=traces)  # for the plain spans still to come
     counts["spans"] += len(changed)
     gained.update(span.conversation_id for span in changed)
     linked_traces.update(span.trace_id for span in changed)
@@ -982,14 +989,17 @@ def traces_link(*, project_id: int, trace_ids: Iterable[str], linked_traces: set
             project_id=project_id, trace_id__in=waiting
         ).values_list("trace_id", "conversation_id"):
             by_trace.setdefault(trace_id, conversation_id)
+        recorded: dict[str, tuple[int, datetime]] = {}
         for trace_id in waiting:  # one UPDATE per trace that has unlinked spans and a conversation
             conversation_id = by_trace.get(trace_id)
             if conversation_id is not None and Span.objects.filter(
                 project_id=project_id, trace_id=trace_id, conversation__isnull=True
             ).update(conversation_id=conversation_id):
                 touched.add(conversation_id)
+                recorded[trace_id] = (conversation_id, timezone.now())
                 if linked_traces is not None:
                     linked_traces.add(trace_id)
+        trace_conversations_record(project_id=project_id, traces=recorded)  # (a round's trace may have none yet)
     return sorted(touched)
 
 

@@ -48,6 +48,7 @@ from .models import (
     ToolExecution,
     ToolHourlyRollup,
     ToolMinuteRollup,
+    TraceConversation,
     UsageHourlyRollup,
     artifact_file_name,
     artifact_storage,
@@ -594,6 +595,7 @@ def retention_purge(*, project: Project, now: datetime | None = None) -> PurgeOu
         outcome.records += deleted
     ToolHourlyRollup.objects.filter(project=project, hour__lt=record_cutoff - timedelta(hours=1)).delete()
     ToolMinuteRollup.objects.filter(project=project, minute__lt=record_cutoff - timedelta(hours=1)).delete()
+    TraceConversation.objects.filter(project=project, started_at__lt=span_cutoff).delete()  # with their spans
     ConversationMinute.objects.filter(  # the tool rows they counted are gone: the next totals' pass sums the rest
         conversation__project=project, minute__lt=record_cutoff - timedelta(minutes=1)).delete()
     UsageHourlyRollup.objects.filter(project=project, hour__lt=record_cutoff - timedelta(hours=1)).delete()  # [costs]

@@ -352,9 +352,13 @@ def test_a_plain_span_in_a_later_batch_takes_the_conversation_its_trace_has_in_t
     assert post(client, named.SerializeToString(), auth).status_code == 200
     hours = 3_600 * 10**9
     later = _plain_span_later(named_span.trace_id, named_span.start_time_unix_nano + 20 * hours)
-    assert post(client, later, auth).status_code == 200
+    with CaptureQueriesContext(connection) as queries:
+        assert post(client, later, auth).status_code == 200
     conversation = Conversation.objects.get(external_id="conv-stored")
     assert Span.objects.get(span_id="0707070707070707").conversation_id == conversation.pk
+    # Found in the traces' table, not among the spans (every day partition on PostgreSQL).
+    span_reads = [query["sql"] for query in queries if query["sql"].startswith("SELECT") and "observatory_span" in query["sql"]]
+    assert span_reads == []
 
 
 def test_it_keeps_the_tool_call_id_when_no_tool_execution_exists_yet(client, auth, project):

@@ -348,3 +348,22 @@ def test_it_derives_the_rows_of_spans_the_hourly_pass_links(client, project_key)
     links_refresh(project.pk)
     check_whole(project, Conversation.objects.get(project=project, external_id="conv-beat"))
     assert tool_stats(project)[0].calls == 1
+
+
+def test_a_trace_the_derivations_linked_gives_its_later_plain_spans_their_conversation_at_ingest(
+        client, project_key, records):
+    """TraceConversation is recorded wherever a span gets linked, not only at ingest:
+    here a round record names the trace, the late-span pass links the stored span,
+    and a later batch of plain spans of the trace is linked as it is stored."""
+    from dashboard.observatory.derivations import traces_link
+    from dashboard.observatory.models import TraceConversation
+    from dashboard.observatory.services import records_store
+    from pipeline import parse_record
+
+    project, auth = project_key
+    send(client, auth, span("1" * 16, "step"), drain=False)
+    records_store(project=project, records=[parse_record(records.round("conv-r", trace_id=TRACE))])
+    (conversation_id,) = traces_link(project_id=project.pk, trace_ids=[TRACE])
+    assert TraceConversation.objects.get(project=project, trace_id=TRACE).conversation_id == conversation_id
+    send(client, auth, span("2" * 16, "later step", at_ms=5), drain=False)  # no derivation pass after it
+    assert Span.objects.get(span_id="2" * 16).conversation_id == conversation_id
