@@ -25,7 +25,7 @@ class Migration(migrations.Migration):
                 ('project', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, to='accounts.project')),
             ],
             options={
-                'indexes': [models.Index(fields=['project', 'started_at'], name='trace_conversation_started')],
+                'indexes': [models.Index(fields=['started_at'], name='trace_conversation_started')],
                 'constraints': [models.UniqueConstraint(fields=('project', 'trace_id'), name='trace_conversation_unique')],
             },
         ),
