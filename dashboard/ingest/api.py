@@ -135,7 +135,7 @@ def post_records(request: HttpRequest) -> dict[str, Any]:
         memory_reserve(json_decode_cost(body), "the records")  # the validated models
         valid, rejected = records_validate(items)
         received_from = timezone.now()  # before the rows are stamped received
-        outcome = ingest_write(lambda: _records_write(project, valid, received_from))
+        outcome = ingest_write(lambda: _records_write(project, valid, received_from), len(valid))
     return {"accepted": outcome.accepted, "duplicates": outcome.duplicates, "rejected": rejected}
 
 

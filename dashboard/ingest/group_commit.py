@@ -40,13 +40,18 @@ from dashboard.priority import ingest_transaction
 T = TypeVar("T")
 
 MAX_GROUP = 32  # writes one transaction takes at most (a process runs a few ingest requests at once)
+# Rows one group stores at most: a big batch is a group of its own (its commit is already
+# a small part of its cost), so a transaction, the write lock's hold and the dirty pages
+# SQLite keeps for it stay those of one big batch.
+MAX_GROUP_ROWS = 1_000
 
 
 class _Write:
-    __slots__ = ("fn", "result", "error", "lead", "ready")
+    __slots__ = ("fn", "rows", "result", "error", "lead", "ready")
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    def __init__(self, fn: Callable[[], Any], rows: int) -> None:
         self.fn = fn
+        self.rows = rows
         self.result: Any = None
         self.error: BaseException | None = None
         self.lead = False  # woken to lead the next group, not with an outcome
@@ -62,13 +67,14 @@ class GroupCommit:
         self._leading = False  # a thread is running a group; invariant: queue non-empty => leading
         self.groups = 0  # transactions committed or tried (for tests and benchmarks)
 
-    def run(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` in a transaction shared with the writes queued alongside it;
-        return its result (or raise its error) once that transaction committed."""
+    def run(self, fn: Callable[[], T], rows: int = 0) -> T:
+        """Run ``fn`` (which stores about ``rows`` rows) in a transaction shared with
+        the writes queued alongside it; return its result (or raise its error) once
+        that transaction committed."""
         if connection.in_atomic_block:
             with transaction.atomic():
                 return fn()
-        write = _Write(fn)
+        write = _Write(fn, rows)
         with self._lock:
             self._queue.append(write)
             lead = not self._leading
@@ -105,9 +111,16 @@ class GroupCommit:
                     self._leading = False
 
     def _take(self, group: list[_Write]) -> None:
+        """The writes queued, from the first, while they fit: MAX_GROUP writes and
+        MAX_GROUP_ROWS rows at most, the first always."""
         with self._lock:
-            group.extend(self._queue[:MAX_GROUP])
-            del self._queue[:MAX_GROUP]
+            count = rows = 0
+            for write in self._queue:
+                if count and (count >= MAX_GROUP or rows + write.rows > MAX_GROUP_ROWS):
+                    break
+                count, rows = count + 1, rows + write.rows
+            group.extend(self._queue[:count])
+            del self._queue[:count]
 
     def _commit(self, group: list[_Write]) -> None:
         self.groups += 1
@@ -151,7 +164,7 @@ def _finish(group: list[_Write], *, error: BaseException) -> None:
 _process = GroupCommit()
 
 
-def ingest_write(fn: Callable[[], T]) -> T:
-    """Run one ingest request's writes (``fn``) in this process's next group
-    transaction; returns after its commit. See the module's text."""
-    return _process.run(fn)
+def ingest_write(fn: Callable[[], T], rows: int) -> T:
+    """Run one ingest request's writes (``fn``, about ``rows`` rows) in this
+    process's next group transaction; returns after its commit. See the module's text."""
+    return _process.run(fn, rows)

@@ -86,7 +86,7 @@ def logs_store(*, project: Project, logs: Sequence[LogRow]) -> StoredLogs:
         }
         for log, key in zip(logs, keys)
     ]
-    return ingest_write(lambda: _logs_write(project, logs, keys, rows))
+    return ingest_write(lambda: _logs_write(project, logs, keys, rows), len(rows))
 
 
 def _logs_write(project: Project, logs: Sequence[LogRow], keys: Sequence[str], rows: list[dict[str, Any]]) -> StoredLogs:

@@ -133,7 +133,7 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
     # transaction (on SQLite it holds the write lock), for the traces no span of
     # this batch names.
     stored = _stored_trace_conversations(project, spans, links)
-    return ingest_write(lambda: _spans_write(project, spans, links, rows, stored, received_at))
+    return ingest_write(lambda: _spans_write(project, spans, links, rows, stored, received_at), len(rows))
 
 
 def _spans_write(

@@ -45,6 +45,7 @@ from django.db.models import F, Min, Q
 from django.utils import timezone
 
 from dashboard.priority import yield_to_pages
+from dashboard.sqlite.base import writes_first
 
 from .models import DerivationNote
 
@@ -223,7 +224,8 @@ def drain_exclusive(*, wait: bool = True) -> Iterator[bool]:
         except BlockingIOError:
             yield False
             return
-        yield True
+        with writes_first():  # its transactions before ingest's (dashboard.sqlite)
+            yield True
     finally:
         os.close(descriptor)  # releases the lock
 

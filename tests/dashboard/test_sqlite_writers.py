@@ -172,3 +172,66 @@ def test_a_transaction_waits_for_the_writer_holding_it_then_fails_as_database_lo
     assert not errors
     with transaction.atomic():  # its turn once the other committed
         assert connection.in_atomic_block
+
+
+_OTHER_PROCESS_WRITER = """
+import sys, time
+from dashboard.queued_lock import QueuedFileLock
+from dashboard.sqlite.base import _FirstMarker
+marker, queue = _FirstMarker(sys.argv[1] + "-first"), QueuedFileLock(sys.argv[1])
+print("ready", flush=True)
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:  # an ingest process busy writing: it tries the lock again and again
+    if sys.argv[2] == "holds-back":
+        marker.wait_clear(5.0)
+    if queue.try_acquire():
+        break
+print(time.monotonic(), flush=True)
+queue.release()
+"""
+
+
+@pytest.mark.parametrize("repeat", range(3))
+def test_a_derivation_waiting_for_its_turn_goes_before_a_writer_of_another_process_that_comes_after(
+        tmp_path, repeat):
+    """writes_first across processes (where it matters: ingest and the drainer are
+    different gunicorn workers): a busy writer of another process, trying the lock
+    again and again, holds back while the derivation waits, so the derivation takes
+    the next turn. Without the holding back it takes the lock before the kernel's
+    woken waiter runs."""
+    path = str(tmp_path / "db-writers")
+    holder = QueuedFileLock(path)
+    assert holder.acquire(5)
+    marker, queue = sqlite_base._FirstMarker(f"{path}-first"), QueuedFileLock(path)
+    taken: list[float] = []
+
+    def derivation() -> None:
+        with marker.held():
+            assert queue.acquire(10)
+        taken.append(time.monotonic())
+        time.sleep(0.05)
+        queue.release()
+
+    thread = threading.Thread(target=derivation)
+    thread.start()
+    time.sleep(0.2)  # the derivation waits, its marker held
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_PROCESS_WRITER, path, "holds-back"],
+                             stdout=subprocess.PIPE, text=True)
+    assert other.stdout.readline().strip() == "ready"
+    time.sleep(0.2)  # the other process's writer holds back
+    holder.release()
+    thread.join(10)
+    other_took = float(other.stdout.readline())
+    other.wait(10)
+    assert taken and taken[0] < other_took
+
+
+def test_the_marker_holds_a_writer_back_at_most_its_limit(tmp_path):
+    marker = sqlite_base._FirstMarker(str(tmp_path / "db-writers-first"))
+    started = time.monotonic()
+    marker.wait_clear(1.0)
+    assert time.monotonic() - started < 0.5  # nobody waits: at once
+    with marker.held():
+        started = time.monotonic()
+        marker.wait_clear(0.3)
+        assert 0.25 < time.monotonic() - started < 2

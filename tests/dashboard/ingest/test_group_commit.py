@@ -79,6 +79,21 @@ def test_writes_queued_while_a_group_commits_share_the_next_transaction(project)
     assert len(set(ids)) == 3 and _names(project) == {"a", "b", "c"}
 
 
+def test_a_group_takes_no_more_rows_than_its_bound_but_always_its_first_write(project):
+    committer = GroupCommit()
+    first, first_outcome, release = _leader_holding(committer, project)
+    big = group_commit.MAX_GROUP_ROWS - 100
+    writes = []
+    for count, (name, rows) in enumerate((("b", big), ("c", 200), ("d", group_commit.MAX_GROUP_ROWS * 3)), 1):
+        writes.append(_in_thread(lambda name=name, rows=rows: committer.run(_conversation(project, name), rows)))
+        _until(lambda count=count: len(committer._queue) == count, f"{name} to queue")
+    release.set()
+    for thread, _ in [(first, first_outcome), *writes]:
+        thread.join(10)
+    # a; then b alone (c would pass the bound); then c alone (d would); then d, bigger than the bound
+    assert committer.groups == 4 and _names(project) == {"a", "b", "c", "d"}
+
+
 def test_a_failing_write_fails_alone_and_the_others_of_its_group_are_stored(project):
     committer = GroupCommit()
     first, first_outcome, release = _leader_holding(committer, project)
@@ -160,7 +175,7 @@ def test_a_write_returns_only_after_its_transaction_committed(project):
         transaction.on_commit(lambda: committed.append("done"))
         return _conversation(project, "a")()
 
-    thread, outcome = _in_thread(lambda: group_commit.ingest_write(write))
+    thread, outcome = _in_thread(lambda: group_commit.ingest_write(write, 1))
     thread.join(10)
     assert committed == ["done"] and outcome["result"]
     seen = _in_thread(lambda: _names(project))  # another connection sees it
