@@ -54,12 +54,8 @@ class QueuedFileLock:
         if not self._mutex.acquire(blocking=False):
             return False
         with self._cond:
-            if not self._helper_blocked:
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return True
-                except BlockingIOError:
-                    pass
+            if self._take_now():
+                return True
         self._mutex.release()
         return False
 
@@ -70,15 +66,8 @@ class QueuedFileLock:
 
     def _take(self, deadline: float) -> bool:
         with self._cond:
-            # While the helper waits in flock on this same open file, a second
-            # flock here would succeed at once (the file description is the
-            # lock's owner): then only the helper may take it.
-            if not self._helper_blocked:
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return True
-                except BlockingIOError:
-                    pass
+            if self._take_now():
+                return True
             self._wanted, self._granted = True, False
             if self._helper is None:
                 self._helper = threading.Thread(target=self._wait_in_kernel, name="file-lock-waiter", daemon=True)
@@ -89,6 +78,18 @@ class QueuedFileLock:
                 return True
             self._wanted = False  # given up: the helper lets the lock go if it gets it now
             return False
+
+    def _take_now(self) -> bool:
+        """The lock if it is free now (under ``_cond``). While the helper waits in
+        flock on this same open file, a second flock here would succeed at once (the
+        file description is the lock's owner): then only the helper may take it."""
+        if self._helper_blocked:
+            return False
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
 
     def _wait_in_kernel(self) -> None:
         while True:
