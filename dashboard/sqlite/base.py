@@ -104,6 +104,7 @@ class _FirstMarker:
             fcntl.flock(self._probe, fcntl.LOCK_UN)
             return
 
+
 _queues: dict[str, tuple[QueuedFileLock, _FirstMarker]] = {}
 _queues_pid = 0
 _queues_lock = threading.Lock()
