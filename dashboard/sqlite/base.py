@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from typing import Iterator, Optional
 
 from django.db.backends.sqlite3 import base as sqlite3_base
+from django.db.backends.sqlite3.creation import DatabaseCreation
 from django.db.utils import OperationalError
 
 from dashboard.env import SQLITE_BUSY_TIMEOUT_MS
@@ -91,13 +92,16 @@ class _FirstMarker:
                     fcntl.flock(self._hold, fcntl.LOCK_UN)
 
     def wait_clear(self, limit: float) -> None:
-        """Return once no writer that goes first is waiting, or after ``limit`` seconds."""
-        deadline = time.monotonic() + limit
+        """Return once no writer that goes first is waiting, or after ``limit`` seconds
+        (the usual case, nobody waiting: one probe, no clock read)."""
+        deadline = None
         while True:
             try:
                 fcntl.flock(self._probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                deadline = deadline or now + limit
+                if now >= deadline:
                     return
                 time.sleep(_FIRST_POLL_S)
                 continue
@@ -110,15 +114,11 @@ _queues_pid = 0
 _queues_lock = threading.Lock()
 
 
-def writer_queue(database: str) -> Optional[QueuedFileLock]:
-    """This process's queue for the database file ``database``; None for an in-memory one."""
-    found = _writers(database)
-    return found[0] if found is not None else None
-
-
-def _writers(database: str) -> Optional[tuple[QueuedFileLock, _FirstMarker]]:
+def writers(database: str) -> Optional[tuple[QueuedFileLock, _FirstMarker]]:
+    """This process's writers' queue and first-marker for the database file
+    ``database``; None for an in-memory database (Django's own test of the name)."""
     global _queues_pid
-    if not database or database == ":memory:" or database.startswith("file:") and "mode=memory" in database:
+    if not database or DatabaseCreation.is_in_memory_db(database):
         return None
     path = f"{database}-writers"
     with _queues_lock:
@@ -135,7 +135,7 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
     _writer: Optional[QueuedFileLock] = None  # the queue whose lock this connection's transaction holds
 
     def _start_transaction_under_autocommit(self) -> None:
-        found = None if self.is_in_memory_db() else _writers(str(self.settings_dict["NAME"]))
+        found = writers(str(self.settings_dict["NAME"]))
         if found is not None:
             queue, first = found
             if getattr(_role, "first", False):

@@ -16,7 +16,7 @@ from django.db import OperationalError, connection, transaction
 
 from dashboard.sqlite import base as sqlite_base
 from dashboard.queued_lock import QueuedFileLock
-from dashboard.sqlite.base import writer_queue
+from dashboard.sqlite.base import writers
 
 _HOLDER = """
 import fcntl, os, sys
@@ -138,8 +138,8 @@ def test_threads_of_one_process_take_turns(tmp_path):
 
 
 def test_in_memory_databases_have_no_queue():
-    assert writer_queue(":memory:") is None
-    assert writer_queue("file:memorydb_default?mode=memory&cache=shared") is None
+    assert writers(":memory:") is None
+    assert writers("file:memorydb_default?mode=memory&cache=shared") is None
 
 
 @pytest.mark.django_db(transaction=True)
