@@ -266,15 +266,11 @@ def _record_traces(
 ) -> None:
     """Record the conversation of each trace this batch linked a span of (but those
     found recorded), for the later batches of plain spans of the trace."""
-    traces: dict[str, tuple[int, int]] = {}  # trace_id -> (conversation, earliest start in the batch)
-    for span, conversation in zip(spans, conversations):
-        if conversation is not None and span.trace_id not in stored:
-            first = traces.get(span.trace_id)
-            if first is None or span.start_time_unix_nano < first[1]:
-                traces[span.trace_id] = (first[0] if first else conversation, span.start_time_unix_nano)
-    trace_conversations_record(project_id=project.pk, traces={
-        trace_id: (conversation, _aware(start)) for trace_id, (conversation, start) in traces.items()
-    })
+    trace_conversations_record(project_id=project.pk, links=(
+        (span.trace_id, conversation, _aware(span.start_time_unix_nano))
+        for span, conversation in zip(spans, conversations)
+        if conversation is not None and span.trace_id not in stored
+    ))
 
 
 # --- rows ---------------------------------------------------------------------------

@@ -900,12 +900,8 @@ def _spans_link(project_id: int, queries: list[Any], counts: dict[str, Any], gai
             span.conversation_id = conversation_id
             changed.append(span)
     update_rows(Span, changed, ["conversation", "conversation_key"])
-    traces: dict[str, tuple[int, datetime]] = {}
-    for span in changed:
-        first = traces.get(span.trace_id)
-        if first is None or span.start_time < first[1]:
-            traces[span.trace_id] = (first[0] if first else span.conversation_id, span.start_time)
-    trace_conversations_record(project_id=project_id, traces=traces)  # for the plain spans still to come
+    trace_conversations_record(  # for the plain spans still to come
+        project_id=project_id, links=((span.trace_id, span.conversation_id, span.start_time) for span in changed))
     counts["spans"] += len(changed)
     gained.update(span.conversation_id for span in changed)
     linked_traces.update(span.trace_id for span in changed)
@@ -989,17 +985,17 @@ def traces_link(*, project_id: int, trace_ids: Iterable[str], linked_traces: set
             project_id=project_id, trace_id__in=waiting
         ).values_list("trace_id", "conversation_id"):
             by_trace.setdefault(trace_id, conversation_id)
-        recorded: dict[str, tuple[int, datetime]] = {}
+        recorded: list[tuple[str, int, datetime]] = []
         for trace_id in waiting:  # one UPDATE per trace that has unlinked spans and a conversation
             conversation_id = by_trace.get(trace_id)
             if conversation_id is not None and Span.objects.filter(
                 project_id=project_id, trace_id=trace_id, conversation__isnull=True
             ).update(conversation_id=conversation_id):
                 touched.add(conversation_id)
-                recorded[trace_id] = (conversation_id, timezone.now())
+                recorded.append((trace_id, conversation_id, timezone.now()))
                 if linked_traces is not None:
                     linked_traces.add(trace_id)
-        trace_conversations_record(project_id=project_id, traces=recorded)  # (a round's trace may have none yet)
+        trace_conversations_record(project_id=project_id, links=recorded)  # (a round's trace may have none yet)
     return sorted(touched)
 
 

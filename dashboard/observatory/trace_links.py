@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from datetime import datetime
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from django.db import connections, router
 
@@ -15,10 +15,16 @@ from .models import TraceConversation
 _TRACE_ROWS_PER_INSERT = 200  # 4 parameters a row: under SQLite's 999
 
 
-def trace_conversations_record(*, project_id: int, traces: dict[str, tuple[int, datetime]]) -> None:
-    """Record trace_id -> (conversation id, start of its earliest span seen) for the
-    traces not recorded yet; a trace recorded already keeps its conversation. In
-    the caller's transaction (with the span links it records)."""
+def trace_conversations_record(*, project_id: int, links: Iterable[tuple[str, int, datetime]]) -> None:
+    """Record, for each trace among ``links`` ((trace_id, conversation id, start of
+    a span of the trace linked to it)), the first conversation given and the
+    earliest start, unless the trace is recorded already (it keeps its
+    conversation). In the caller's transaction (with the span links it records)."""
+    traces: dict[str, tuple[int, datetime]] = {}
+    for trace_id, conversation_id, started_at in links:
+        first = traces.get(trace_id)
+        if first is None or started_at < first[1]:
+            traces[trace_id] = (first[0] if first else conversation_id, started_at)
     if not traces:
         return
     connection = connections[router.db_for_write(TraceConversation)]

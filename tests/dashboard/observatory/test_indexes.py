@@ -320,8 +320,8 @@ def test_ingest_finds_a_batch_s_traces_by_the_trace_table_s_unique_key(project):
     from dashboard.observatory.trace_links import _trace_query, trace_conversations_record
 
     conversation = Conversation.objects.create(project=project, external_id="c")
-    trace_conversations_record(project_id=project.pk, traces={
-        f"{n:032x}": (conversation.pk, NOW - timedelta(minutes=n)) for n in range(200)})
+    trace_conversations_record(project_id=project.pk, links=[
+        (f"{n:032x}", conversation.pk, NOW - timedelta(minutes=n)) for n in range(200)])
     plan = "\n".join(plan_lines(_trace_query(2), [project.pk, "a" * 32, "b" * 32]))
     # SQLite names the unique constraint's index itself
     index = "sqlite_autoindex_observatory_traceconversation_1" if connection.vendor == "sqlite" else "trace_conversation_unique"

@@ -25,8 +25,8 @@ def test_a_trace_keeps_the_conversation_recorded_first_and_lookups_stay_in_the_p
     first = Conversation.objects.create(project=project, external_id="first")
     second = Conversation.objects.create(project=project, external_id="second")
     trace = "a" * 32
-    trace_conversations_record(project_id=project.pk, traces={trace: (first.pk, NOW)})
-    trace_conversations_record(project_id=project.pk, traces={trace: (second.pk, NOW), "b" * 32: (second.pk, NOW)})
+    trace_conversations_record(project_id=project.pk, links=[(trace, first.pk, NOW)])
+    trace_conversations_record(project_id=project.pk, links=[(trace, second.pk, NOW), ("b" * 32, second.pk, NOW)])
     assert trace_conversations_find(project_id=project.pk, trace_ids=[trace, "b" * 32, "c" * 32]) == {
         trace: first.pk, "b" * 32: second.pk}
     assert trace_conversations_find(project_id=other_project.pk, trace_ids=[trace]) == {}
@@ -35,16 +35,16 @@ def test_a_trace_keeps_the_conversation_recorded_first_and_lookups_stay_in_the_p
 @pytest.mark.django_db
 def test_a_batch_of_more_traces_than_one_statement_takes_is_recorded_whole(project):
     conversation = Conversation.objects.create(project=project, external_id="c")
-    traces = {f"{n:032x}": (conversation.pk, NOW) for n in range(450)}  # three statements of at most 200
-    trace_conversations_record(project_id=project.pk, traces=traces)
+    links = [(f"{n:032x}", conversation.pk, NOW) for n in range(450)]  # three statements of at most 200
+    trace_conversations_record(project_id=project.pk, links=links)
     assert TraceConversation.objects.filter(project=project).count() == 450
 
 
 @pytest.mark.django_db
 def test_retention_removes_a_trace_s_row_with_its_spans(project):
     conversation = Conversation.objects.create(project=project, external_id="c", last_activity_at=NOW)
-    trace_conversations_record(project_id=project.pk, traces={
-        "a" * 32: (conversation.pk, NOW - timedelta(days=400)), "b" * 32: (conversation.pk, NOW - timedelta(hours=1))})
+    trace_conversations_record(project_id=project.pk, links=[
+        ("a" * 32, conversation.pk, NOW - timedelta(days=400)), ("b" * 32, conversation.pk, NOW - timedelta(hours=1))])
     retention_purge(project=project, now=NOW)
     assert list(TraceConversation.objects.values_list("trace_id", flat=True)) == ["b" * 32]
 
@@ -52,7 +52,7 @@ def test_retention_removes_a_trace_s_row_with_its_spans(project):
 @pytest.mark.django_db
 def test_deleting_a_conversation_removes_its_traces_rows(project):
     conversation = Conversation.objects.create(project=project, external_id="c")
-    trace_conversations_record(project_id=project.pk, traces={"a" * 32: (conversation.pk, NOW)})
+    trace_conversations_record(project_id=project.pk, links=[("a" * 32, conversation.pk, NOW)])
     conversation.delete()
     assert not TraceConversation.objects.exists()
 
