@@ -93,6 +93,8 @@ def test_it_sends_what_an_agent_left_in_its_spool_to_the_live_dashboard(live_ser
     second = RecordExporter(live_server.url, api_key, spool_dir=str(tmp_path), flush_interval_ms=50)
     try:
         assert wait_until(lambda: second.stats().replayed == 15, 20)
+        # flush waits for what this process queued, not for the spool's replay: wait for the acks
+        assert wait_until(lambda: second.stats().sent == 15, 20)
         assert second.flush(timeout=20)
     finally:
         second.shutdown(timeout=5)
