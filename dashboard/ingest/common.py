@@ -250,7 +250,14 @@ def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -
     if length is not None and len(raw) < length:
         raise IngestError(400, f"body ended after {len(raw)} of its {length} bytes")
 
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    return decode_content(raw, request.headers.get("Content-Encoding", ""), max_decoded_bytes=max_decoded_bytes)
+
+
+def decode_content(raw: bytes, encoding: str, *, max_decoded_bytes: int) -> bytes:
+    """A body as received (``raw``, already within the byte limit) decoded from its
+    Content-Encoding: counted against the request's memory budget, inflated from
+    gzip with a bounded output, at most ``max_decoded_bytes``."""
+    encoding = encoding.strip().lower()
     memory_reserve(len(raw), "the body")
     if encoding in ("", "identity"):
         if len(raw) > max_decoded_bytes:
@@ -686,4 +693,9 @@ def database_errors_as_busy() -> Iterator[None]:
     try:
         yield
     except OperationalError:
-        raise IngestError(503, "database busy, retry later", retry_after=BUSY_RETRY_AFTER) from None
+        raise busy_error() from None
+
+
+def busy_error() -> IngestError:
+    """The refusal of a batch whose transaction failed on the database (rolled back)."""
+    return IngestError(503, "database busy, retry later", retry_after=BUSY_RETRY_AFTER)

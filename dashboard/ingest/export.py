@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+from django.db import OperationalError
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from .common import IngestError, authenticate_header, derivations_keep_up, ingest_gate
-from .logs import logs_store
+from .common import IngestError, authenticate_header, busy_error, derivations_keep_up, ingest_gate
+from .group_commit import Pending, pending_store, pending_store_all
+from .logs import logs_prepare
 from .otlp import JSON, OtlpDecodeError, OtlpTooManySpans, decode_request
 from .otlp_logs import OtlpTooManyLogs, decode_logs_request
-from .spans import spans_store
+from .spans import spans_prepare
 
 TRACES = "traces"
 LOGS = "logs"
@@ -74,18 +77,78 @@ def otlp_export(*, signal: str, authorization: str, read_body: Callable[[], byte
     the decoded (inflated, bounded) body.
     """
     with ingest_gate():
-        project, _ = authenticate_header(authorization)
-        derivations_keep_up()
-        body = read_body()
-        if signal == TRACES:
-            batch = _decoded(decode_request, body, content_type, OtlpTooManySpans)
-            stored = spans_store(project=project, spans=batch.spans).inserted
-            return ExportOutcome(signal, len(batch.spans), stored, batch.rejected, batch.error_message)
-        if signal == LOGS:
-            batch = _decoded(decode_logs_request, body, content_type, OtlpTooManyLogs)
-            stored = logs_store(project=project, logs=batch.logs).inserted
-            return ExportOutcome(signal, len(batch.logs), stored, batch.rejected, batch.error_message)
-    raise ValueError(f"unknown signal {signal!r}")
+        prepared = _prepare(ExportRequest(signal, authorization, read_body, content_type))
+        return prepared.outcome(pending_store(prepared.pending))
+
+
+@dataclass(frozen=True, slots=True)
+class ExportRequest:
+    """One export as a transport received it (the arguments of ``otlp_export``)."""
+
+    signal: str
+    authorization: str
+    read_body: Callable[[], bytes]
+    content_type: str
+
+
+def otlp_export_all(requests: Sequence[ExportRequest]) -> list[ExportOutcome | BaseException]:
+    """Several export requests received together on one thread (the OTLP/HTTP
+    receiver), stored together: each is checked, read and decoded in the gate on
+    its own (a refusal is its outcome, an IngestError), then the writes of all run
+    in group transactions (``pending_store_all``). Returns each request's outcome
+    once they committed: an ExportOutcome, an IngestError (a database error is the
+    503 ``database_errors_as_busy`` makes of it), or the exception a write raised."""
+    prepared: list[_Prepared | BaseException] = []
+    for request in requests:
+        try:
+            with ingest_gate():
+                prepared.append(_prepare(request))
+        except IngestError as exc:
+            prepared.append(exc)
+    ready = [item for item in prepared if isinstance(item, _Prepared)]
+    with ingest_gate():
+        stored = iter(pending_store_all([item.pending for item in ready]))
+    outcomes: list[ExportOutcome | BaseException] = []
+    for item in prepared:
+        if not isinstance(item, _Prepared):
+            outcomes.append(item)
+            continue
+        result, error = next(stored)
+        if error is None:
+            outcomes.append(item.outcome(result))
+        else:
+            outcomes.append(busy_error() if isinstance(error, OperationalError) else error)
+    return outcomes
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A request checked and decoded, its write not yet run."""
+
+    signal: str
+    accepted: int
+    rejected: int
+    error_message: str
+    pending: Pending[Any]
+
+    def outcome(self, stored: Any) -> ExportOutcome:
+        return ExportOutcome(self.signal, self.accepted, stored.inserted, self.rejected, self.error_message)
+
+
+def _prepare(request: ExportRequest) -> _Prepared:
+    """Inside the gate: authenticate, read, decode, and prepare the write."""
+    project, _ = authenticate_header(request.authorization)
+    derivations_keep_up()
+    body = request.read_body()
+    if request.signal == TRACES:
+        batch = _decoded(decode_request, body, request.content_type, OtlpTooManySpans)
+        return _Prepared(TRACES, len(batch.spans), batch.rejected, batch.error_message,
+                         spans_prepare(project=project, spans=batch.spans))
+    if request.signal == LOGS:
+        batch = _decoded(decode_logs_request, body, request.content_type, OtlpTooManyLogs)
+        return _Prepared(LOGS, len(batch.logs), batch.rejected, batch.error_message,
+                         logs_prepare(project=project, logs=batch.logs))
+    raise ValueError(f"unknown signal {request.signal!r}")
 
 
 def _decoded(decode: Callable[[bytes, str], Any], body: bytes, content_type: str, too_many: type) -> Any:

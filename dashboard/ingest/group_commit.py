@@ -26,12 +26,17 @@ group alike (503: send again), as it would have one transaction.
 
 Inside a transaction already (a management command, a test's transaction), a write
 runs in it, alone, as before.
+
+One thread may queue several writes at once (``ingest_write_all``): the OTLP/HTTP
+receiver (ingest.receiver) serves many connections from one thread and stores the
+requests that arrived together as one group, with no thread to hand them between.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from django.db import connection, transaction
 
@@ -46,8 +51,19 @@ MAX_GROUP = 32  # writes one transaction takes at most (a process runs a few ing
 MAX_GROUP_ROWS = 1_000
 
 
+@dataclass(frozen=True, slots=True)
+class Pending(Generic[T]):
+    """One request's writes, prepared outside the transaction: ``write`` stores about
+    ``rows`` rows and returns the result; with no ``write`` (nothing to store) the
+    result is ``empty``."""
+
+    write: Callable[[], T] | None
+    rows: int
+    empty: T
+
+
 class _Write:
-    __slots__ = ("fn", "rows", "result", "error", "lead", "ready")
+    __slots__ = ("fn", "rows", "result", "error", "lead", "done", "ready")
 
     def __init__(self, fn: Callable[[], Any], rows: int) -> None:
         self.fn = fn
@@ -55,7 +71,12 @@ class _Write:
         self.result: Any = None
         self.error: BaseException | None = None
         self.lead = False  # woken to lead the next group, not with an outcome
+        self.done = False  # has its outcome
         self.ready = threading.Event()
+
+    def finish(self, *, result: Any = None, error: BaseException | None = None) -> None:
+        self.result, self.error, self.done = result, error, True
+        self.ready.set()
 
 
 class GroupCommit:
@@ -75,18 +96,64 @@ class GroupCommit:
             with transaction.atomic():
                 return fn()
         write = _Write(fn, rows)
-        with self._lock:
-            self._queue.append(write)
-            lead = not self._leading
-            self._leading = True
-        if not lead:
-            write.ready.wait()  # an outcome, or the lead: this write is then the first queued
-            lead = write.lead
-        if lead:
-            self._lead()
+        self._wait([write])
         if write.error is not None:
             raise write.error
         return write.result
+
+    def run_all(self, calls: Sequence[tuple[Callable[[], Any], int]]) -> list[tuple[Any, BaseException | None]]:
+        """Run several writes of this thread, in order, in the group transactions
+        (those of other threads may join them); once all committed, each one's
+        (result, None), or (None, the exception it raised)."""
+        if connection.in_atomic_block:
+            outcomes: list[tuple[Any, BaseException | None]] = []
+            for fn, _ in calls:
+                try:
+                    with transaction.atomic():
+                        outcomes.append((fn(), None))
+                except Exception as exc:  # noqa: BLE001 - each write its own outcome
+                    outcomes.append((None, exc))
+            return outcomes
+        writes = [_Write(fn, rows) for fn, rows in calls]
+        self._wait(writes)
+        return [(write.result, write.error) for write in writes]
+
+    def _wait(self, writes: list[_Write]) -> None:
+        """Queue ``writes`` and return once each has its outcome, leading a group
+        whenever the lead comes to this thread (it is then the first write queued)."""
+        if not writes:
+            return  # (taking the lead for nothing would leave it taken)
+        with self._lock:
+            self._queue.extend(writes)
+            lead = not self._leading
+            self._leading = True
+        try:
+            for write in writes:
+                while not write.done:
+                    if lead:
+                        lead = False
+                        self._lead()
+                        continue
+                    write.ready.wait()  # an outcome, or the lead
+                    if write.lead and not write.done:
+                        write.lead, lead = False, True
+        except BaseException:
+            self._abandon(writes, leading=lead)
+            raise
+
+    def _abandon(self, writes: list[_Write], *, leading: bool) -> None:
+        """This thread stops waiting (an interrupt): its writes still queued leave the
+        queue, and a lead it holds (or was just handed) goes to the next write queued."""
+        with self._lock:
+            leading = leading or any(write.lead and not write.done for write in writes)
+            mine = {id(write) for write in writes}
+            self._queue = [write for write in self._queue if id(write) not in mine]
+            if leading:
+                if self._queue:
+                    self._queue[0].lead = True
+                    self._queue[0].ready.set()
+                else:
+                    self._leading = False
 
     def _lead(self) -> None:
         """Commit the writes queued once this thread's transaction began (its own
@@ -97,9 +164,8 @@ class GroupCommit:
             self._commit(group)
         except BaseException as exc:  # noqa: BLE001 - every write must get an outcome
             for write in group:
-                if not write.ready.is_set():
-                    write.error = exc
-                    write.ready.set()
+                if not write.done:
+                    write.finish(error=exc)
             raise
         finally:
             with self._lock:
@@ -145,20 +211,19 @@ class GroupCommit:
                 self.groups += 1
                 try:
                     with ingest_transaction():
-                        write.result = write.fn()
+                        result = write.fn()
                 except Exception as alone:  # noqa: BLE001
-                    write.error = alone
-                write.ready.set()
+                    write.finish(error=alone)
+                else:
+                    write.finish(result=result)
             return
         for write, result in zip(group, results):
-            write.result = result
-            write.ready.set()
+            write.finish(result=result)
 
 
 def _finish(group: list[_Write], *, error: BaseException) -> None:
     for write in group:
-        write.error = error
-        write.ready.set()
+        write.finish(error=error)
 
 
 _process = GroupCommit()
@@ -168,3 +233,19 @@ def ingest_write(fn: Callable[[], T], rows: int) -> T:
     """Run one ingest request's writes (``fn``, about ``rows`` rows) in this
     process's next group transaction; returns after its commit. See the module's text."""
     return _process.run(fn, rows)
+
+
+def pending_store(pending: Pending[T]) -> T:
+    """Store one prepared request (``ingest_write``); nothing to store returns at once."""
+    return pending.empty if pending.write is None else _process.run(pending.write, pending.rows)
+
+
+def pending_store_all(pendings: Sequence[Pending[Any]]) -> list[tuple[Any, BaseException | None]]:
+    """Store several prepared requests of this thread together (``GroupCommit.run_all``):
+    each one's (result, None) or (None, its exception), once all committed."""
+    writes = [(index, pending) for index, pending in enumerate(pendings) if pending.write is not None]
+    outcomes: list[tuple[Any, BaseException | None]] = [(pending.empty, None) for pending in pendings]
+    stored = _process.run_all([(pending.write, pending.rows) for _, pending in writes])  # type: ignore[misc]
+    for (index, _), outcome in zip(writes, stored):
+        outcomes[index] = outcome
+    return outcomes

@@ -29,7 +29,7 @@ from dashboard.observatory.conventions import text_of
 from dashboard.observatory.models import LogRecord, Span
 from dashboard.observatory.services import conversations_get_or_create, insert_ignoring_conflicts
 
-from .group_commit import ingest_write
+from .group_commit import Pending, pending_store
 from .otlp_logs import LogRow
 from .spans import _CONVERSATION_KEY_MAX, _LOOKUP_CHUNK, _aware
 
@@ -59,9 +59,14 @@ def _time(unix_nano: int) -> datetime | None:
 
 
 def logs_store(*, project: Project, logs: Sequence[LogRow]) -> StoredLogs:
-    """Store one decoded batch for ``project`` in one transaction."""
+    """Store one decoded batch for ``project`` in one (group) transaction."""
+    return pending_store(logs_prepare(project=project, logs=logs))
+
+
+def logs_prepare(*, project: Project, logs: Sequence[LogRow]) -> Pending[StoredLogs]:
+    """What ``logs_store`` does before its transaction (see ``spans.spans_prepare``)."""
     if not logs:
-        return StoredLogs(0, 0, 0)
+        return Pending(None, 0, StoredLogs(0, 0, 0))
     # The conversation a log names itself, by the same conventions table as spans.
     keys = [text_of("conversation", log.attributes, log.resource)[:_CONVERSATION_KEY_MAX] for log in logs]
     received_at = dj_timezone.now()
@@ -86,7 +91,7 @@ def logs_store(*, project: Project, logs: Sequence[LogRow]) -> StoredLogs:
         }
         for log, key in zip(logs, keys)
     ]
-    return ingest_write(lambda: _logs_write(project, logs, keys, rows), len(rows))
+    return Pending(lambda: _logs_write(project, logs, keys, rows), len(rows), StoredLogs(0, 0, 0))
 
 
 def _logs_write(project: Project, logs: Sequence[LogRow], keys: Sequence[str], rows: list[dict[str, Any]]) -> StoredLogs:

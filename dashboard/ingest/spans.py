@@ -56,7 +56,7 @@ from dashboard.observatory.services import (
 )
 from dashboard.observatory.trace_links import trace_conversations_find, trace_conversations_record
 
-from .group_commit import ingest_write
+from .group_commit import Pending, pending_store
 from .otlp import TRUNCATION_MARKER, SpanRow
 
 _LOOKUP_CHUNK = 500  # ids per IN (...) query; stays under every backend's limit
@@ -121,8 +121,15 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
     wraps it in ``database_errors_as_busy`` to answer 503 when the database is
     locked; nothing is half-stored then (the transaction rolls back).
     """
+    return pending_store(spans_prepare(project=project, spans=spans))
+
+
+def spans_prepare(*, project: Project, spans: Sequence[SpanRow]) -> Pending[StoredSpans]:
+    """What ``spans_store`` does before its transaction: the rows, the links, the
+    traces already linked; the write itself is left to run in a group transaction
+    (``pending_store``, or ``pending_store_all`` with other requests)."""
     if not spans:
-        return StoredSpans(0, 0, (), 0)
+        return Pending(None, 0, StoredSpans(0, 0, (), 0))
     resource_keys: dict[int, bool] = {}  # id(resource) -> holds a key of the conventions table
     links = [_links(span, resource_keys) for span in spans]
     # Built before the transaction: on SQLite it holds the write lock, so the
@@ -133,7 +140,8 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
     # transaction (on SQLite it holds the write lock), for the traces no span of
     # this batch names.
     stored = _stored_trace_conversations(project, spans, links)
-    return ingest_write(lambda: _spans_write(project, spans, links, rows, stored, received_at), len(rows))
+    return Pending(lambda: _spans_write(project, spans, links, rows, stored, received_at), len(rows),
+                   StoredSpans(0, 0, (), 0))
 
 
 def _spans_write(

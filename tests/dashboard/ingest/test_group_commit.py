@@ -47,6 +47,28 @@ def _conversation(project: Any, name: str) -> Callable[[], int]:
     return lambda: Conversation.objects.create(project=project, external_id=name).pk
 
 
+def _queued(committer: GroupCommit, fn: Callable[[], Any], count: int) -> tuple[threading.Thread, dict[str, Any]]:
+    """``fn`` started on its own thread, once the queue holds ``count`` writes."""
+    started = _in_thread(fn)
+    _until(lambda: len(committer._queue) == count, f"{count} writes to queue")
+    return started
+
+
+def _release(release: threading.Event, *started: tuple[threading.Thread, dict[str, Any]]) -> None:
+    release.set()
+    for thread, _ in started:
+        thread.join(10)
+
+
+def _failing(project: Any, name: str) -> Callable[[], int]:
+    """A write that writes, then fails (a hostile batch): what it wrote must be rolled back."""
+    def write() -> int:
+        _conversation(project, name)()
+        raise ValueError("hostile batch")
+
+    return write
+
+
 def _leader_holding(committer: GroupCommit, project: Any) -> tuple[threading.Thread, dict[str, Any], threading.Event]:
     """A first write that leads a group and stays inside its transaction until released,
     so that the writes started meanwhile queue for the next group."""
@@ -98,17 +120,9 @@ def test_a_failing_write_fails_alone_and_the_others_of_its_group_are_stored(proj
     committer = GroupCommit()
     first, first_outcome, release = _leader_holding(committer, project)
 
-    def bad() -> int:
-        _conversation(project, "b")()  # written, then the write fails: rolled back
-        raise ValueError("hostile batch")
-
-    failing = _in_thread(lambda: committer.run(bad))
-    _until(lambda: len(committer._queue) == 1, "the bad write to queue")
-    good = _in_thread(lambda: committer.run(_conversation(project, "c")))
-    _until(lambda: len(committer._queue) == 2, "the good write to queue")
-    release.set()
-    for thread, _ in [(first, first_outcome), failing, good]:
-        thread.join(10)
+    failing = _queued(committer, lambda: committer.run(_failing(project, "b")), 1)
+    good = _queued(committer, lambda: committer.run(_conversation(project, "c")), 2)
+    _release(release, (first, first_outcome), failing, good)
     assert isinstance(failing[1]["error"], ValueError)
     assert "result" in good[1] and "result" in first_outcome
     assert _names(project) == {"a", "c"}
@@ -190,3 +204,45 @@ def test_inside_a_transaction_a_write_runs_in_it_alone(project):
             committer.run(_conversation(project, "a"))
             raise RuntimeError("the caller's transaction rolls back")
     assert committer.groups == 0 and _names(project) == set()
+
+
+def test_one_thread_runs_several_writes_as_one_group_each_with_its_outcome(project):
+    """run_all (the OTLP/HTTP receiver's one thread): one transaction for all; a failing
+    write fails alone (the group runs again, each alone), the others are stored."""
+    committer = GroupCommit()
+
+    outcomes = committer.run_all([(_conversation(project, "a"), 1), (_failing(project, "bad"), 1),
+                                  (_conversation(project, "b"), 1)])
+    assert [error is None for _, error in outcomes] == [True, False, True]
+    assert isinstance(outcomes[1][1], ValueError) and outcomes[0][0] != outcomes[2][0]
+    assert _names(project) == {"a", "b"}
+    assert committer.groups == 4  # all three rolled back; then each alone
+    assert committer.run_all([(_conversation(project, name), 1) for name in ("c", "d")])[1][1] is None
+    assert committer.groups == 5 and _names(project) == {"a", "b", "c", "d"}
+
+
+def test_one_thread_s_writes_past_the_group_bound_take_several_groups_and_all_finish(project):
+    committer = GroupCommit()
+    names = [f"w{index}" for index in range(group_commit.MAX_GROUP * 2 + 3)]
+    outcomes = committer.run_all([(_conversation(project, name), 1) for name in names])
+    assert all(error is None for _, error in outcomes) and len({result for result, _ in outcomes}) == len(names)
+    assert committer.groups == 3 and _names(project) == set(names)
+    assert not committer._leading and not committer._queue  # the lead is free again
+
+
+def test_no_writes_leave_the_lead_free(project):
+    committer = GroupCommit()
+    assert committer.run_all([]) == []
+    thread, outcome = _in_thread(lambda: committer.run(_conversation(project, "a")))
+    thread.join(10)
+    assert "result" in outcome and _names(project) == {"a"}
+
+
+def test_a_thread_s_writes_join_the_group_another_thread_leads(project):
+    committer = GroupCommit()
+    first, first_outcome, release = _leader_holding(committer, project)
+    several = _queued(committer, lambda: committer.run_all([(_conversation(project, name), 1) for name in "bc"]), 2)
+    single = _queued(committer, lambda: committer.run(_conversation(project, "d")), 3)
+    _release(release, (first, first_outcome), several, single)
+    assert [error for _, error in several[1]["result"]] == [None, None] and "result" in single[1]
+    assert committer.groups == 2 and _names(project) == {"a", "b", "c", "d"}
