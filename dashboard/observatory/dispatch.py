@@ -230,3 +230,10 @@ def start_background() -> None:
     killed process are derived even if no request comes."""
     if settings.CELERY_TASK_ALWAYS_EAGER and not settings.OBSERVATORY_DERIVE_INLINE:
         runner().start()
+
+
+def background_stop() -> None:
+    """Stop this process's derivation thread, if it started (what exit does; for a
+    process that leaves with ``os._exit``)."""
+    if _runner is not None:
+        _runner.stop()

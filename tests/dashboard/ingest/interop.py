@@ -1,5 +1,6 @@
-"""The stack the interop tests send to: a real gunicorn (deploy/gunicorn.conf.py) and
-``manage.py otlp_grpc``, on a fresh database of their own (a temp SQLite file, or a
+"""The stack the interop tests send to: a real gunicorn (deploy/gunicorn.conf.py),
+``manage.py otlp_grpc`` and ``manage.py otlp_http`` (the OTLP/HTTP receiver, two
+processes), on a fresh database of their own (a temp SQLite file, or a
 new database on the PostgreSQL server of DATABASE_URL), with a user, a project and
 an API key. Rows are read back with plain SQL; pages through a logged-in HTTP session.
 
@@ -38,6 +39,7 @@ class Stack:
     project_slug: str
     web: Server
     grpc_port: int
+    receiver_port: int
     database_url: str
 
     @property
@@ -47,6 +49,10 @@ class Stack:
     @property
     def grpc_url(self) -> str:
         return f"http://127.0.0.1:{self.grpc_port}"
+
+    @property
+    def receiver_url(self) -> str:
+        return f"http://127.0.0.1:{self.receiver_port}"
 
     def rows(self, sql: str, params: tuple = ()) -> list[tuple]:
         if self.database_url:
@@ -77,18 +83,27 @@ class Stack:
         return opener.open(f"{self.http_url}{path}", timeout=30).read().decode()
 
 
-def _wait_for_port(port: int, process: subprocess.Popen, deadline: float = 30) -> None:
+def _wait_for_port(port: int, process: subprocess.Popen, name: str, deadline: float = 30) -> None:
     import socket
 
     ends = time.monotonic() + deadline
     while time.monotonic() < ends:
         if process.poll() is not None:
-            raise RuntimeError(f"otlp_grpc exited: {process.stderr.read().decode(errors='replace')[-2000:]}")
+            raise RuntimeError(f"{name} exited: {process.stderr.read().decode(errors='replace')[-2000:]}")
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.1)
-    raise RuntimeError("otlp_grpc did not listen in time")
+    raise RuntimeError(f"{name} did not listen in time")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @contextmanager
@@ -108,28 +123,30 @@ def running_stack(workdir: Path, **extra_env: str) -> Iterator[Stack]:
         )
         slug, key = manage(env, "shell", "-c", code).strip().splitlines()[-1].split()
         web = Server(env)
-        grpc_port = free_port()
-        grpc = subprocess.Popen(
-            [sys.executable, "manage.py", "otlp_grpc", "--port", str(grpc_port)],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
+        grpc_port, receiver_port = free_port(), free_port()
+        servers = {
+            "otlp_grpc": (grpc_port, [sys.executable, "manage.py", "otlp_grpc", "--port", str(grpc_port)]),
+            "otlp_http": (receiver_port, [sys.executable, "manage.py", "otlp_http", "--port", str(receiver_port),
+                                          "--processes", "2"]),
+        }
+        started: list[subprocess.Popen] = []
         try:
+            for name, (port, command) in servers.items():
+                process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                started.append(process)
+                _wait_for_port(port, process, name)
             web.start()
-            _wait_for_port(grpc_port, grpc)
-            yield Stack(env, key, slug, web, grpc_port, database_url)
+            yield Stack(env, key, slug, web, grpc_port, receiver_port, database_url)
         finally:
-            grpc.terminate()
-            try:
-                grpc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                grpc.kill()
-                grpc.wait()
+            for process in started:
+                _stop(process)
             web.stop()
 
 
-def exporter_env(stack: Stack, *, protocol: str, compression: str = "gzip") -> dict[str, str]:
-    """Only the standard variables, as a user would set them."""
-    endpoint = stack.grpc_url if protocol == "grpc" else stack.http_url
+def exporter_env(stack: Stack, *, protocol: str, compression: str = "gzip", receiver: bool = False) -> dict[str, str]:
+    """Only the standard variables, as a user would set them; HTTP to the dashboard,
+    or to the OTLP/HTTP receiver with ``receiver``."""
+    endpoint = stack.grpc_url if protocol == "grpc" else stack.receiver_url if receiver else stack.http_url
     return {
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
         "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,

@@ -1,6 +1,7 @@
 """The official OpenTelemetry JS exporters (@opentelemetry/exporter-trace-otlp-http,
 JSON, and @opentelemetry/exporter-trace-otlp-proto), run with node from the
-package-lock under tests/interop/js, against a real gunicorn. They send
+package-lock under tests/interop/js, against a real gunicorn and the OTLP/HTTP
+receiver (``manage.py otlp_http``). They send
 ``Transfer-Encoding: chunked`` bodies: every span must be stored exactly once.
 
 The packages are installed by deploy/test.sh (``npm ci`` into a cache folder named
@@ -37,9 +38,11 @@ def stack(tmp_path_factory):
 
 @pytest.mark.parametrize("protocol", ["json", "proto"])
 @pytest.mark.parametrize("compression", ["none", "gzip"])
-def test_it_stores_every_span_of_the_js_exporters_once(stack, protocol, compression):
-    conversation = f"conv-js-{protocol}-{compression}"
-    env = exporter_env(stack, protocol="http/json" if protocol == "json" else "http/protobuf", compression=compression)
+@pytest.mark.parametrize("to", ["dashboard", "receiver"])
+def test_it_stores_every_span_of_the_js_exporters_once(stack, protocol, compression, to):
+    conversation = f"conv-js-{protocol}-{compression}-{to}"
+    env = exporter_env(stack, protocol="http/json" if protocol == "json" else "http/protobuf", compression=compression,
+                       receiver=to == "receiver")
     env["NODE_PATH"] = str(MODULES)
     done = stack.run_client([NODE, "tests/interop/js/export_spans.js", protocol, conversation, str(SPANS)], env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

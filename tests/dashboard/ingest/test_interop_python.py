@@ -1,6 +1,6 @@
 """The official OpenTelemetry Python SDK exporters (OTLP http/protobuf and gRPC,
 spans and logs, gzip), configured only by OTEL_EXPORTER_OTLP_* variables, against
-a real gunicorn and ``manage.py otlp_grpc``: every span stored exactly once, the
+a real gunicorn, ``manage.py otlp_grpc`` and ``manage.py otlp_http``: every span stored exactly once, the
 logs linked to their span's conversation, and both shown on the pages."""
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ def stack(tmp_path_factory):
         yield running
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_it_stores_every_span_and_log_of_the_sdk_exporters_once(stack, protocol):
-    conversation = f"conv-{protocol.replace('/', '-')}"
+@pytest.mark.parametrize("protocol, receiver", [("grpc", False), ("http/protobuf", False), ("http/protobuf", True)],
+                         ids=["grpc", "http-dashboard", "http-receiver"])
+def test_it_stores_every_span_and_log_of_the_sdk_exporters_once(stack, protocol, receiver):
+    conversation = f"conv-{protocol.replace('/', '-')}{'-receiver' if receiver else ''}"
     done = stack.run_client(
         [sys.executable, "tests/interop/python_client.py", conversation, str(ROUNDS)],
-        exporter_env(stack, protocol=protocol),
+        exporter_env(stack, protocol=protocol, receiver=receiver),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = last_json(done.stdout)

@@ -1,0 +1,459 @@
+"""OTLP/HTTP on a port of its own (4318, as collectors listen): ``manage.py otlp_http``.
+
+The dashboard's own ``/v1/traces`` and ``/v1/logs`` serve any deployment; this
+receiver is for fleets of small batches. Under gunicorn a 10-span request cost
+about 2 ms of CPU, little of it in storing: the HTTP server, Django's request
+cycle and the hand-offs between a request's threads (gunicorn's loop, its worker
+thread, the group commit's leader) took the rest. Here one thread a process does
+all of it: an asyncio loop parses requests with httptools (llhttp, the parser of
+Node.js) and, once per turn of the loop, stores every request that arrived
+complete as one group (``otlp_export_all``: each checked, read and decoded on its
+own, the writes in group transactions), then answers them. While a group is
+stored the loop does nothing else; the requests that arrive meanwhile wait in the
+kernel and make the next group, so the busier it is, the larger the groups.
+Answers go out after the commit, so an acknowledged batch is a stored one.
+
+The answers are those of the dashboard's views (same module: ``otlp_views``):
+an Export*ServiceResponse (``partial_success`` when items were rejected) or a
+``google.rpc.Status`` in the request's encoding, with Retry-After on 429/503;
+404/405/415 in plain text. Bounded like a web process: the request line
+(8190 bytes), at most 100 header fields of 64 KiB in all, the body
+(OBSERVATORY_MAX_BODY_BYTES, checked as it arrives, chunked or not; refused with
+413 and the connection closed), the time from a request's first byte to its last
+(OBSERVATORY_BODY_READ_TIMEOUT: 408), idle keep-alive connections
+(OBSERVATORY_OTLP_HTTP_IDLE_TIMEOUT), connections at once
+(OBSERVATORY_OTLP_HTTP_MAX_CONNECTIONS: past it, 503 and closed), and what one
+group holds decoded (``GROUP_MAX_REQUESTS``, ``GROUP_MAX_BYTES``); the ingest gate's
+memory budget counts each request as it is decoded. A connection is not read
+while its request waits for its group, so a sender cannot queue more than it sent
+in one packet.
+
+Processes: ``serve`` binds the port, forks OBSERVATORY_OTLP_HTTP_PROCESSES
+children that share it (one a core: each is one thread of Python) and starts
+a new one when one dies. SIGTERM or SIGINT stops them gracefully: no new
+connections, the requests read are stored and answered, then the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+from django.conf import settings
+from django.db import close_old_connections, connections
+
+from dashboard.observatory.dispatch import background_stop
+
+from .common import IngestError, decode_content
+from .export import LOGS, TRACES, ExportOutcome, ExportRequest, otlp_export_all
+from .otlp import CONTENT_TYPES, encode_status
+
+logger = logging.getLogger(__name__)
+
+PATHS = {b"/v1/traces": TRACES, b"/v1/logs": LOGS}
+MAX_URL = 8190
+MAX_HEADERS = 100
+MAX_HEADER_BYTES = 64 * 1024
+GROUP_MAX_REQUESTS = 32  # requests stored together at most (the group commit's MAX_GROUP)
+GROUP_MAX_BYTES = 4 * 1024 * 1024  # body bytes stored together at most (one bigger request is a group alone)
+_WANTED = {b"authorization", b"content-type", b"content-encoding"}
+
+
+@dataclass(slots=True)
+class _Request:
+    signal: str | None = None
+    method: bytes = b""
+    url: bytearray = field(default_factory=bytearray)
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    header_count: int = 0
+    header_bytes: int = 0
+    body: list[bytes] = field(default_factory=list)
+    size: int = 0
+    keep_alive: bool = True
+
+    def header(self, name: bytes) -> str:
+        return self.headers.get(name, b"").decode("latin-1")
+
+    @property
+    def content_type(self) -> str:
+        return self.header(b"content-type").partition(";")[0].strip().lower()
+
+
+class _Refused(Exception):
+    """A request answered before its body is read (its connection is then closed)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: parses its requests and hands each complete one to
+    the receiver; writes the answers in order."""
+
+    def __init__(self, receiver: Receiver) -> None:
+        self.receiver = receiver
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.request: _Request | None = None
+        self.in_flight = 0  # requests handed over, not answered yet
+        self.closing = False
+        self.refusal: tuple[int, str, int | None] | None = None  # to answer once those in flight are
+        self.timer: asyncio.TimerHandle | None = None
+
+    # --- asyncio ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.receiver.connections.add(self)
+        if len(self.receiver.connections) > self.receiver.max_connections:
+            self._refuse(503, "too many connections, retry later", retry_after=1)
+            return
+        self._arm(self.receiver.idle_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self._disarm()
+        self.receiver.connections.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing or self.refusal:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "protocol upgrade not supported")
+        except httptools.HttpParserError as exc:
+            # A refusal raised in a callback comes back as the context of the parser's error.
+            refused = exc.__context__ if isinstance(exc.__context__, _Refused) else _Refused(400, "malformed HTTP request")
+            self._refuse(refused.status, refused.message)
+
+    # --- httptools ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.request = _Request()
+        self._arm(self.receiver.read_timeout, self._timed_out)
+
+    def on_url(self, url: bytes) -> None:
+        request = self._current()
+        request.url += url
+        if len(request.url) > MAX_URL:
+            raise _Refused(414, "request line too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self._current()
+        request.header_count += 1
+        request.header_bytes += len(name) + len(value)
+        if request.header_count > MAX_HEADERS or request.header_bytes > MAX_HEADER_BYTES:
+            raise _Refused(431, "request header fields too large")
+        name = name.lower()
+        if name in _WANTED:
+            request.headers[name] = value
+
+    def on_headers_complete(self) -> None:
+        request = self._current()
+        request.method = self.parser.get_method()
+        request.keep_alive = self.parser.should_keep_alive()
+        if self.parser.should_upgrade():
+            raise _Refused(400, "protocol upgrade not supported")
+        path = bytes(request.url).partition(b"?")[0]
+        request.signal = PATHS.get(path)
+        if request.signal is None:
+            raise _Refused(404, "not found; OTLP/HTTP is POST /v1/traces or /v1/logs")
+        if request.method != b"POST":
+            raise _Refused(405, "use POST")
+        if request.content_type not in CONTENT_TYPES:
+            raise _Refused(415, "unsupported content type; send application/x-protobuf or application/json")
+
+    def on_body(self, chunk: bytes) -> None:
+        request = self._current()
+        request.size += len(chunk)
+        if request.size > self.receiver.max_body_bytes:
+            raise _Refused(413, f"body larger than {self.receiver.max_body_bytes} bytes")
+        request.body.append(chunk)
+
+    def on_message_complete(self) -> None:
+        request, self.request = self._current(), None
+        self._disarm()
+        self.in_flight += 1
+        self.transport.pause_reading()  # type: ignore[union-attr]
+        self.receiver.submit(self, request)
+
+    # --- answers -----------------------------------------------------------------
+
+    def answer(self, request: _Request, outcome: ExportOutcome | BaseException) -> None:
+        """Write the answer to ``request`` (its outcome from ``otlp_export_all``)."""
+        self.in_flight -= 1
+        content_type = request.content_type
+        if isinstance(outcome, ExportOutcome):
+            self._write(200, content_type, outcome.response(content_type), close=not request.keep_alive)
+        elif isinstance(outcome, IngestError):
+            self._write(outcome.status, content_type, encode_status(outcome.status, outcome.message, content_type),
+                        close=not request.keep_alive, retry_after=outcome.retry_after)
+        else:
+            logger.error("OTLP/HTTP %s export failed", request.signal, exc_info=outcome)
+            self._write(500, "text/plain", b"internal error\n", close=True)
+        if self.closing or self.in_flight:
+            return
+        if self.refusal:
+            self._refuse(*self.refusal)
+        else:
+            if self.request is None:  # else its read deadline stays armed
+                self._arm(self.receiver.idle_timeout)
+            self.transport.resume_reading()  # type: ignore[union-attr]
+
+    def _refuse(self, status: int, message: str, retry_after: int | None = None) -> None:
+        """Answer in plain text and close (the rest of what was sent is not read); after
+        the answers to the requests before it (pipelined), which are in flight."""
+        if self.in_flight:
+            self.refusal = (status, message, retry_after)
+            self._disarm()
+            self.transport.pause_reading()  # type: ignore[union-attr]
+            return
+        self._write(status, "text/plain", f"{message}\n".encode(), close=True, retry_after=retry_after)
+
+    def _timed_out(self) -> None:
+        self._refuse(408, "the request did not arrive in time")
+
+    def _write(self, status: int, content_type: str, body: bytes, *, close: bool,
+               retry_after: int | None = None) -> None:
+        if self.closing:
+            return
+        head = [f"HTTP/1.1 {status} {_reason(status)}", f"Content-Type: {content_type}",
+                f"Content-Length: {len(body)}"]
+        if retry_after is not None:
+            head.append(f"Retry-After: {retry_after}")
+        if status == 405:
+            head.append("Allow: POST")
+        if close or self.receiver.stopping:
+            head.append("Connection: close")
+        self.transport.write("\r\n".join(head).encode() + b"\r\n\r\n" + body)  # type: ignore[union-attr]
+        if close or self.receiver.stopping:
+            self.closing = True
+            self._disarm()
+            self.transport.close()  # type: ignore[union-attr]  # after what was written is sent
+
+    def close_idle(self) -> None:
+        """At shutdown: close now unless a request is being read or stored."""
+        if self.request is None and not self.in_flight:
+            self.closing = True
+            self._disarm()
+            self.transport.close()  # type: ignore[union-attr]
+
+    # --- helpers -------------------------------------------------------------------
+
+    def _current(self) -> _Request:
+        if self.request is None:  # a callback out of order: never expected from llhttp
+            raise _Refused(400, "malformed HTTP request")
+        return self.request
+
+    def _arm(self, seconds: float, then: Any = None) -> None:
+        self._disarm()
+        self.timer = self.receiver.loop.call_later(seconds, then or self._idle)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _idle(self) -> None:
+        self.timer = None
+        self.close_idle()
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+class Receiver:
+    """One process's connections and the requests waiting for the next group."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.connections: set[Connection] = set()
+        self.waiting: list[tuple[Connection, _Request]] = []
+        self.scheduled = False
+        self.stopping = False
+        self.groups = 0  # groups stored, and the requests in them (logged at the end)
+        self.requests = 0
+        self.max_connections = settings.OBSERVATORY_OTLP_HTTP_MAX_CONNECTIONS
+        self.idle_timeout = float(settings.OBSERVATORY_OTLP_HTTP_IDLE_TIMEOUT)
+        self.read_timeout = float(settings.OBSERVATORY_BODY_READ_TIMEOUT)
+        self.max_body_bytes = settings.OBSERVATORY_MAX_BODY_BYTES
+        self.max_decoded_bytes = settings.OBSERVATORY_MAX_DECODED_BYTES
+
+    def protocol(self) -> Connection:
+        return Connection(self)
+
+    def submit(self, connection: Connection, request: _Request) -> None:
+        self.waiting.append((connection, request))
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self._store)  # after the loop has read what else arrived
+
+    def _store(self) -> None:
+        """Store the requests waiting, as one group (within its bounds), and answer them."""
+        self.scheduled = False
+        count = size = 0
+        for _, request in self.waiting:
+            if count and (count >= GROUP_MAX_REQUESTS or size + request.size > GROUP_MAX_BYTES):
+                break
+            count, size = count + 1, size + request.size
+        group, self.waiting = self.waiting[:count], self.waiting[count:]
+        if self.waiting:
+            self.scheduled = True
+            self.loop.call_soon(self._store)
+        try:
+            close_old_connections()  # what Django does around every HTTP request
+            outcomes = otlp_export_all([self._export_request(request) for _, request in group])
+        except Exception as exc:  # noqa: BLE001 - every request gets an answer
+            outcomes = [exc] * len(group)
+        self.groups += 1
+        self.requests += len(group)
+        for (connection, request), outcome in zip(group, outcomes):
+            connection.answer(request, outcome)
+
+    def _export_request(self, request: _Request) -> ExportRequest:
+        raw, request.body = b"".join(request.body), []
+        encoding = request.header(b"content-encoding")
+        return ExportRequest(
+            signal=request.signal or TRACES,
+            authorization=request.header(b"authorization"),
+            read_body=lambda: decode_content(raw, encoding, max_decoded_bytes=self.max_decoded_bytes),
+            content_type=request.content_type,
+        )
+
+    def stop(self) -> None:
+        self.stopping = True
+        for connection in list(self.connections):
+            connection.close_idle()
+
+    async def drained(self, grace: float) -> None:
+        """Once the requests read are answered (or ``grace`` seconds passed)."""
+        deadline = self.loop.time() + grace
+        while (self.waiting or any(c.in_flight or c.request for c in self.connections)) and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+
+
+def allow_blocking_database() -> None:
+    """Let the loop's thread use the ORM. Django refuses it in a thread that runs an
+    event loop, for fear of blocking other tasks; here blocking the loop while a
+    group is stored is the design (the process has nothing else to do meanwhile)."""
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+
+
+async def serve_socket(sock: socket.socket, stop: asyncio.Event, *, grace: float = 10.0,
+                       receiver: Receiver | None = None) -> None:
+    """Serve the listening ``sock`` in this process until ``stop`` is set, then stop
+    gracefully (see the module's text); with ``receiver`` (made on this loop), as it."""
+    loop = asyncio.get_running_loop()
+    receiver = receiver or Receiver(loop)
+    server = await loop.create_server(receiver.protocol, sock=sock, backlog=1024)
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        receiver.stop()
+        await receiver.drained(grace)
+        for connection in list(receiver.connections):
+            connection.closing = True
+            if connection.transport is not None:
+                connection.transport.abort()
+        connections.close_all()
+        logger.info("OTLP/HTTP receiver process %d stopped: %d requests stored in %d groups",
+                    os.getpid(), receiver.requests, receiver.groups)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _child(sock: socket.socket, grace: float) -> None:
+    """A forked process: serve until SIGTERM/SIGINT, then exit."""
+    allow_blocking_database()
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await serve_socket(sock, stop, grace=grace)
+
+    asyncio.run(main())
+    background_stop()  # the derivations this process started finish their turn
+
+
+def serve(host: str, port: int, *, processes: int, grace: float = 10.0, ready: Any = None) -> None:
+    """Bind ``host:port`` and serve it from ``processes`` forked children until
+    SIGTERM/SIGINT; a child that dies is replaced. ``ready(port)`` is called once
+    the port is bound (``port=0`` picks a free one)."""
+    sock = listening_socket(host, port)
+    if ready is not None:
+        ready(sock.getsockname()[1])
+    connections.close_all()  # none may cross the fork
+    stopping = False
+    children: set[int] = set()
+
+    def stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in list(children):
+            _signal(pid, signal.SIGTERM)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            while not stopping and len(children) < processes:
+                pid = os.fork()
+                if pid == 0:
+                    for signum, handler in previous.items():
+                        signal.signal(signum, handler)
+                    code = 0
+                    try:
+                        _child(sock, grace)
+                    except BaseException:  # noqa: BLE001 - a child never returns into the parent's code
+                        logger.exception("OTLP/HTTP receiver process failed")
+                        code = 1
+                    finally:
+                        os._exit(code)
+                children.add(pid)
+            if not children:
+                return
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+            children.discard(pid)
+            if not stopping:
+                logger.warning("OTLP/HTTP receiver process %d ended (status %d); starting another", pid, status)
+                time.sleep(0.5)  # a child that cannot start must not spin the parent
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        sock.close()
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,376 @@
+"""The OTLP/HTTP receiver (dashboard.ingest.receiver): served from a thread of this
+process on a free loopback port (its loop, its own database connection), spoken to
+over real sockets with the bytes an exporter sends. Storing, pipelined requests
+stored as one group with each its own answer, and every refusal: a short 4xx,
+nothing stored. The forked processes of ``manage.py otlp_http`` and the real
+exporters are in test_interop_python.py / test_interop_js.py and below."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.db import OperationalError, connection
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from dashboard.accounts.services import apikey_create, project_create
+from dashboard.ingest import receiver as receiver_module
+from dashboard.ingest import spans as spans_module
+from dashboard.observatory.models import LogRecord, Span
+
+from .test_grpc_server import spans_request
+from .test_otlp_logs import make_logs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+PROTOBUF = "application/x-protobuf"
+
+
+@pytest.fixture
+def key():
+    return apikey_create(project=project_create(name="receiver agents"))[1]
+
+
+class Running:
+    """serve_socket on a thread of its own (limits as the settings are now), stopped
+    gracefully at the end."""
+
+    def __init__(self, monkeypatch) -> None:
+        monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # what the served process sets for itself
+        self.sock = receiver_module.listening_socket("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        self.loop = asyncio.new_event_loop()
+        self.stop = asyncio.Event()
+        self.receiver = receiver_module.Receiver(self.loop)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.loop.run_until_complete(
+                receiver_module.serve_socket(self.sock, self.stop, grace=5, receiver=self.receiver))
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(15)
+        self.sock.close()
+
+
+@pytest.fixture
+def served(settings, monkeypatch):
+    settings.OBSERVATORY_BODY_READ_TIMEOUT = 2
+    settings.OBSERVATORY_OTLP_HTTP_IDLE_TIMEOUT = 2
+    running = Running(monkeypatch)
+    yield running
+    running.close()
+
+
+def post(port: int, body: bytes, key: str | None, *, path: str = "/v1/traces", content_type: str = PROTOBUF,
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    try:
+        sent = {"Content-Type": content_type, **({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
+        client.request("POST", path, body=body, headers=sent)
+        response = client.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        client.close()
+
+
+def raw(port: int, data: bytes, *, read_until_closed: bool = True, timeout: float = 15) -> bytes:
+    """Send bytes as they are; what came back until the server closed (or the timeout)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        received = b""
+        while read_until_closed:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+        return received
+
+
+def request_bytes(body: bytes, key: str, *, path: str = "/v1/traces", content_type: str = PROTOBUF) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def answers(data: bytes) -> list[tuple[int, bytes]]:
+    """The (status, body) of each HTTP/1.1 answer in ``data``, in order."""
+    found = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length"))
+        found.append((status, rest[:length]))
+        data = rest[length:]
+    return found
+
+
+def test_it_stores_spans_and_answers_after_the_commit(served, key):
+    status, headers, body = post(served.port, spans_request(3), key)
+    assert (status, headers["content-type"]) == (200, PROTOBUF)
+    assert ExportTraceServiceResponse.FromString(body) == ExportTraceServiceResponse()
+    assert Span.objects.count() == 3  # committed when the answer came
+
+
+def test_it_stores_logs_json_and_gzip(served, key):
+    status, _, body = post(served.port, make_logs(4).SerializeToString(), key, path="/v1/logs")
+    assert status == 200 and ExportLogsServiceResponse.FromString(body) == ExportLogsServiceResponse()
+    as_json = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "ab" * 16, "spanId": f"{index:016x}", "name": "json",
+         "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000000001000"}
+        for index in (1, 2)]}]}]}).encode()
+    status, headers, body = post(served.port, gzip.compress(as_json), key, content_type="application/json",
+                                 headers={"Content-Encoding": "gzip"})
+    assert (status, headers["content-type"], body) == (200, "application/json", b"{}")
+    assert LogRecord.objects.count() == 4 and Span.objects.count() == 2
+
+
+def test_it_takes_a_chunked_body(served, key):
+    body = spans_request(5)
+    chunks = b"".join(f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[:100], body[100:]))
+    head = (f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: {PROTOBUF}\r\nAuthorization: Bearer {key}\r\n"
+            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode()
+    assert [status for status, _ in answers(raw(served.port, head + chunks + b"0\r\n\r\n"))] == [200]
+    assert Span.objects.count() == 5
+
+
+def test_it_answers_partial_success(served, key):
+    request = ExportTraceServiceRequest.FromString(spans_request(2))
+    request.resource_spans[0].scope_spans[0].spans[0].trace_id = bytes(16)
+    status, _, body = post(served.port, request.SerializeToString(), key)
+    answer = ExportTraceServiceResponse.FromString(body)
+    assert status == 200 and answer.partial_success.rejected_spans == 1
+    assert Span.objects.count() == 1
+
+
+def test_requests_sent_together_are_stored_as_one_group_each_with_its_answer(served, key):
+    """Four pipelined requests in one packet: one group, answered in order; the bad
+    ones refused alone, the good ones of the same group stored."""
+    good_a = ExportTraceServiceRequest.FromString(spans_request(2, name="a"))
+    good_b = ExportTraceServiceRequest.FromString(spans_request(3, name="b"))
+    for index, span in enumerate(good_b.resource_spans[0].scope_spans[0].spans):
+        span.span_id = (100 + index).to_bytes(8, "big")
+    data = (request_bytes(good_a.SerializeToString(), key)
+            + request_bytes(spans_request(1), "po_0123456789abcdef_" + "x" * 43)
+            + request_bytes(b"garbage \xff\xfe not protobuf", key)
+            + request_bytes(good_b.SerializeToString(), key).replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"))
+    before = served.receiver.groups
+    got = answers(raw(served.port, data))
+    assert [status for status, _ in got] == [200, 401, 400, 200]
+    assert status_pb2.Status.FromString(got[1][1]).message == "invalid API key"
+    assert "invalid protobuf" in status_pb2.Status.FromString(got[2][1]).message
+    assert sorted(Span.objects.values_list("name", flat=True)) == ["a", "a", "b", "b", "b"]
+    assert served.receiver.groups - before == 1
+
+
+def test_a_malformed_request_after_a_pipelined_one_is_refused_after_its_answer(served, key):
+    got = answers(raw(served.port, request_bytes(spans_request(2), key) + b"NOT HTTP\r\n\r\n"))
+    assert [status for status, _ in got] == [200, 400]  # in the order sent, then closed
+    assert Span.objects.count() == 2
+
+
+def test_a_database_error_is_a_503_with_retry_after_and_stores_nothing_fake_database(served, key, monkeypatch):
+    """The database failing under the write (faked at that edge: the insert raises
+    what a locked SQLite raises) is a 503 the exporter retries, nothing half-stored."""
+    def locked(*args, **kwargs):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(spans_module, "_insert", locked)
+    status, headers, body = post(served.port, spans_request(2), key)
+    assert (status, headers["retry-after"]) == (503, "2")
+    assert status_pb2.Status.FromString(body).message == "database busy, retry later"
+    assert not Span.objects.exists()
+
+
+@pytest.mark.parametrize("data, status", [
+    (b"GET /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n", 405),
+    (b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 404),
+    (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nhi", 415),
+    (b"this is not HTTP at all\r\n\r\n", 400),
+    (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400),
+    (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+    (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nUpgrade: h2c\r\n"
+     b"Connection: Upgrade\r\nContent-Length: 0\r\n\r\n", 400),
+    (b"POST /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"POST /v1/traces HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(101)) + b"\r\n", 431),
+    (b"POST /v1/traces HTTP/1.1\r\nX-Big: " + b"y" * 70_000 + b"\r\n\r\n", 431),
+], ids=["get", "unknown-path", "content-type", "not-http", "negative-length", "length-and-chunked", "upgrade",
+        "long-url", "many-headers", "huge-header"])
+def test_it_refuses_malformed_and_hostile_requests_and_closes(served, data, status):
+    got = answers(raw(served.port, data))  # read until the server closed
+    assert [code for code, _ in got] == [status]
+    assert not Span.objects.exists()
+
+
+def test_it_refuses_a_wrong_key_malformed_protobuf_and_a_bad_encoding(served, key):
+    assert post(served.port, spans_request(1), None)[0] == 401
+    assert post(served.port, spans_request(1), "po_0123456789abcdef_" + "x" * 43)[0] == 401
+    assert post(served.port, b"\x0a\xff\xff\xff\xff\x0f", key)[0] == 400
+    assert post(served.port, spans_request(1), key, headers={"Content-Encoding": "br"})[0] == 415
+    assert post(served.port, b"not gzip", key, headers={"Content-Encoding": "gzip"})[0] == 400
+    assert not Span.objects.exists()
+
+
+def test_it_refuses_an_oversize_body_as_it_arrives(settings, monkeypatch, key):
+    settings.OBSERVATORY_MAX_BODY_BYTES = 64 * 1024
+    settings.OBSERVATORY_MAX_DECODED_BYTES = 64 * 1024
+    running = Running(monkeypatch)  # the limits are read when it starts
+    try:
+        big = spans_request(1, big="x" * 100_000)
+        assert post(running.port, big, key)[0] == 413  # its declared length is over the limit
+        chunk = b"%x\r\n" % len(big) + big + b"\r\n0\r\n\r\n"
+        head = (f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: {PROTOBUF}\r\nAuthorization: Bearer {key}\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n").encode()
+        assert [code for code, _ in answers(raw(running.port, head + chunk))] == [413]  # counted as it came
+        bomb = gzip.compress(big)  # small on the wire, over the limit once inflated
+        assert len(bomb) < 64 * 1024 and post(running.port, bomb, key, headers={"Content-Encoding": "gzip"})[0] == 413
+    finally:
+        running.close()
+    assert not Span.objects.exists()
+
+
+def test_a_stalled_sender_gets_408_while_others_are_served(served, key):
+    with socket.create_connection(("127.0.0.1", served.port), timeout=15) as stalled:
+        stalled.sendall(request_bytes(spans_request(2), key)[:-10])  # all but the last 10 bytes
+        assert post(served.port, spans_request(3), key)[0] == 200  # served meanwhile
+        started = time.monotonic()
+        got = b""
+        while chunk := stalled.recv(65536):
+            got += chunk
+        assert answers(got)[0][0] == 408 and time.monotonic() - started < 10
+    assert Span.objects.count() == 3
+
+
+def test_an_idle_connection_is_closed_after_its_timeout(served, key):
+    with socket.create_connection(("127.0.0.1", served.port), timeout=15) as idle:
+        idle.sendall(request_bytes(spans_request(1), key))
+        first = idle.recv(65536)
+        assert answers(first)[0][0] == 200
+        started = time.monotonic()
+        assert idle.recv(65536) == b""  # closed by the server, not before the idle timeout
+        assert 1.5 < time.monotonic() - started < 10
+
+
+def test_connections_past_the_limit_get_503_and_are_closed(settings, monkeypatch, key):
+    settings.OBSERVATORY_OTLP_HTTP_MAX_CONNECTIONS = 2
+    running = Running(monkeypatch)
+    try:
+        held = [socket.create_connection(("127.0.0.1", running.port), timeout=15) for _ in range(2)]
+        time.sleep(0.2)
+        got = answers(raw(running.port, b""))
+        assert got[0][0] == 503
+        for sock in held:
+            sock.close()
+        time.sleep(0.2)
+        assert post(running.port, spans_request(1), key)[0] == 200  # a place again
+    finally:
+        running.close()
+
+
+def test_stopping_answers_the_requests_already_read(settings, monkeypatch, key):
+    """Stop while a request waits for its group: it is stored and answered, then closed."""
+    running = Running(monkeypatch)
+    inside, release = threading.Event(), threading.Event()
+    original = spans_module._insert
+
+    def slow_insert(rows):
+        inside.set()
+        assert release.wait(10)
+        return original(rows)
+
+    monkeypatch.setattr(spans_module, "_insert", slow_insert)
+    outcome = {}
+    sender = threading.Thread(target=lambda: outcome.update(status=post(running.port, spans_request(2), key)[0]))
+    sender.start()
+    assert inside.wait(10)
+    running.loop.call_soon_threadsafe(running.stop.set)
+    release.set()
+    sender.join(15)
+    running.thread.join(15)
+    running.sock.close()
+    assert outcome == {"status": 200} and Span.objects.count() == 2
+    with pytest.raises(OSError):
+        post(running.port, spans_request(1), key)  # no longer listening
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_served_processes_survive_kill_9_of_one_and_stop_on_sigterm(tmp_path, key):
+    """``manage.py otlp_http --processes 2`` on a database file of its own: a child
+    killed with -9 is replaced and the port keeps answering; SIGTERM stops them all."""
+    from benchmarks.bench_ingest import free_port, manage
+    from benchmarks.load import django_env
+
+    env = {**django_env(tmp_path, ""), "OBSERVATORY_DERIVE_INLINE": "0"}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    env.pop("DATABASE_URL", None)
+    manage(env, "migrate", "--noinput")
+    code = ("from dashboard.accounts.services import project_create, apikey_create\n"
+            "print(apikey_create(project=project_create(name='p'))[1])\n")
+    own_key = manage(env, "shell", "-c", code).strip().splitlines()[-1]
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "manage.py", "otlp_http", "--port", str(port), "--processes", "2"],
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "listening" in process.stdout.readline()
+        children = _children(process.pid, 2)
+        assert post(port, spans_request(2), own_key)[0] == 200
+        os.kill(children[0], signal.SIGKILL)
+        replaced = _children(process.pid, 2, without=children[0])
+        assert children[0] not in replaced
+        request = ExportTraceServiceRequest.FromString(spans_request(2))
+        for index, span in enumerate(request.resource_spans[0].scope_spans[0].spans):
+            span.span_id = (50 + index).to_bytes(8, "big")
+        for _ in range(4):  # whichever process takes the connection
+            assert post(port, request.SerializeToString(), own_key)[0] == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert all(not Path(f"/proc/{pid}").exists() for pid in replaced)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    count = manage(env, "shell", "-c", "from dashboard.observatory.models import Span; print(Span.objects.count())")
+    assert count.strip().splitlines()[-1] == "4"
+
+
+def _children(pid: int, count: int, *, without: int | None = None, timeout: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = [int(child) for task in os.listdir(f"/proc/{pid}/task")
+                     for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except OSError:
+            found = []
+        if len(found) == count and without not in found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"children of {pid}: {found}")
+        time.sleep(0.1)
+
+
+def test_json_refusals_are_json(served):
+    status, headers, body = post(served.port, b"{}", None, content_type="application/json")
+    assert (status, headers["content-type"]) == (401, "application/json")
+    assert json.loads(body)["message"] == "missing API key"
