@@ -11,10 +11,13 @@
 # Re-running reuses the user and the project and makes a new API key.
 #
 # OTLP/gRPC (manage.py otlp_grpc) listens beside it on 127.0.0.1:4317 (DEMO_GRPC_PORT), so
-# exporters set to OTEL_EXPORTER_OTLP_PROTOCOL=grpc deliver too; both stop together.
+# exporters set to OTEL_EXPORTER_OTLP_PROTOCOL=grpc deliver too, and the OTLP/HTTP receiver
+# (manage.py otlp_http, for many small batches) on 127.0.0.1:4318 (DEMO_OTLP_HTTP_PORT); all
+# stop together.
 #
-# Environment: DEMO_PORT (8000), DEMO_GRPC_PORT (4317), DEMO_USER (admin), DEMO_PASSWORD (generated once, kept in the
-# data dir), DEMO_CONVERSATIONS (40), DEMO_SEED (new each run), DEMO_EXTRAS (dashboard,langchain).
+# Environment: DEMO_PORT (8000), DEMO_GRPC_PORT (4317), DEMO_OTLP_HTTP_PORT (4318), DEMO_USER (admin),
+# DEMO_PASSWORD (generated once, kept in the data dir), DEMO_CONVERSATIONS (40), DEMO_SEED (new each run),
+# DEMO_EXTRAS (dashboard,langchain).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . deploy/lib.sh
@@ -54,6 +57,7 @@ export SECRET_KEY="${SECRET_KEY:-$(secret_file secret_key 50)}"
 password="${DEMO_PASSWORD:-$(secret_file demo_password 12)}"
 
 grpc_port="${DEMO_GRPC_PORT:-4317}"
+otlp_http_port="${DEMO_OTLP_HTTP_PORT:-4318}"
 listening() {
   "$PY" - "$1" <<'PY'
 import socket, sys
@@ -67,6 +71,10 @@ if listening "$port"; then
 fi
 if listening "$grpc_port"; then
   echo "Something already listens on 127.0.0.1:$grpc_port; stop it or set DEMO_GRPC_PORT." >&2
+  exit 1
+fi
+if listening "$otlp_http_port"; then
+  echo "Something already listens on 127.0.0.1:$otlp_http_port; stop it or set DEMO_OTLP_HTTP_PORT." >&2
   exit 1
 fi
 
@@ -90,14 +98,18 @@ server_pid=$!
 echo "== OTLP/gRPC on 127.0.0.1:$grpc_port (log: $data_dir/grpc.log)"
 OBSERVATORY_GRPC_HOST=127.0.0.1 OBSERVATORY_GRPC_PORT="$grpc_port" "$PY" manage.py otlp_grpc >"$data_dir/grpc.log" 2>&1 &
 grpc_pid=$!
+echo "== OTLP/HTTP receiver on 127.0.0.1:$otlp_http_port (log: $data_dir/otlp-http.log)"
+OBSERVATORY_OTLP_HTTP_HOST=127.0.0.1 OBSERVATORY_OTLP_HTTP_PORT="$otlp_http_port" "$PY" manage.py otlp_http \
+  >"$data_dir/otlp-http.log" 2>&1 &
+otlp_http_pid=$!
 stop_server() {
   trap - EXIT INT TERM
-  for pid in "$server_pid" "$grpc_pid"; do
+  for pid in "$server_pid" "$grpc_pid" "$otlp_http_pid"; do
     if kill -0 "$pid" 2>/dev/null; then
       kill "$pid" 2>/dev/null || true
     fi
   done
-  wait "$server_pid" "$grpc_pid" 2>/dev/null || true
+  wait "$server_pid" "$grpc_pid" "$otlp_http_pid" 2>/dev/null || true
 }
 trap stop_server EXIT
 trap 'stop_server; exit 130' INT
@@ -127,26 +139,31 @@ then
   exit 1
 fi
 
-if ! "$PY" - "$grpc_port" "$grpc_pid" <<'PY'
+# wait_listening NAME PORT PID LOG: until PORT takes connections, or say why not and stop.
+wait_listening() {
+  if ! "$PY" - "$1" "$2" "$3" <<'PY'
 import os, socket, sys, time
-port, pid = int(sys.argv[1]), int(sys.argv[2])
+name, port, pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
     try:
         os.kill(pid, 0)
     except OSError:
-        sys.exit("the OTLP/gRPC receiver exited")
+        sys.exit(f"the {name} exited")
     with socket.socket() as s:
         if s.connect_ex(("127.0.0.1", port)) == 0:
             sys.exit(0)
     time.sleep(0.3)
-sys.exit("the OTLP/gRPC receiver did not listen within 60 s")
+sys.exit(f"the {name} did not listen within 60 s")
 PY
-then
-  echo "The OTLP/gRPC receiver did not start; its log:" >&2
-  tail -n 30 "$data_dir/grpc.log" >&2
-  exit 1
-fi
+  then
+    echo "The $1 did not start; its log:" >&2
+    tail -n 30 "$4" >&2
+    exit 1
+  fi
+}
+wait_listening "OTLP/gRPC receiver" "$grpc_port" "$grpc_pid" "$data_dir/grpc.log"
+wait_listening "OTLP/HTTP receiver" "$otlp_http_port" "$otlp_http_pid" "$data_dir/otlp-http.log"
 
 echo "== demo agent"
 agent_status=0
@@ -160,7 +177,8 @@ Pipeline Observatory is filled with the demo agent's conversations.
   Open        $base/
   Log in as   $user / $password
   API key     $api_key   (shown once; for your own agents: --api-key or OTEL_EXPORTER_OTLP_HEADERS)
-  OTLP        $base/v1/traces, $base/v1/logs (http/protobuf, http/json); grpc://127.0.0.1:$grpc_port
+  OTLP        $base/v1/traces, $base/v1/logs (http/protobuf, http/json); grpc://127.0.0.1:$grpc_port;
+              many small batches: http://127.0.0.1:$otlp_http_port/v1/traces (the OTLP/HTTP receiver)
 EOF
 if [ "$agent_status" -ne 0 ]; then
   echo "Warning: the demo agent exited with $agent_status (see above)." >&2

@@ -34,12 +34,13 @@ def _free_port() -> int:
 
 
 def _demo(data_dir: Path, port: int, conversations: int, *args: str,
-          grpc_port: int = 0) -> subprocess.CompletedProcess[str]:
+          grpc_port: int = 0, otlp_http_port: int = 0) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "OBSERVATORY_DATA_DIR": str(data_dir),
         "DEMO_PORT": str(port),
         "DEMO_GRPC_PORT": str(grpc_port or _free_port()),
+        "DEMO_OTLP_HTTP_PORT": str(otlp_http_port or _free_port()),
         "DEMO_CONVERSATIONS": str(conversations),
         "DEMO_PASSWORD": PASSWORD,
         # deploy/test.sh has just installed the test extras (a superset): no second install.
@@ -58,13 +59,15 @@ def _count(db: Path, sql: str) -> int:
 
 
 def test_it_fills_the_dashboard_and_reuses_it_on_a_second_run(tmp_path: Path) -> None:
-    port, grpc_port = _free_port(), _free_port()
-    first = _demo(tmp_path, port, 3, "--no-serve", grpc_port=grpc_port)
+    port, grpc_port, otlp_http_port = _free_port(), _free_port(), _free_port()
+    first = _demo(tmp_path, port, 3, "--no-serve", grpc_port=grpc_port, otlp_http_port=otlp_http_port)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    # OTLP/gRPC ran beside gunicorn, and stopped with it
+    # OTLP/gRPC and the OTLP/HTTP receiver ran beside gunicorn, and stopped with it
     assert f"OTLP/gRPC listening on 127.0.0.1:{grpc_port}" in (tmp_path / "grpc.log").read_text()
-    with socket.socket() as probe:
-        assert probe.connect_ex(("127.0.0.1", grpc_port)) != 0
+    assert f"OTLP/HTTP listening on 127.0.0.1:{otlp_http_port}" in (tmp_path / "otlp-http.log").read_text()
+    for stopped in (grpc_port, otlp_http_port):
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", stopped)) != 0
     assert f"Open        http://127.0.0.1:{port}/" in first.stdout
     assert f"Log in as   admin / {PASSWORD}" in first.stdout
     keys = re.findall(r"API key     (po_\S+)", first.stdout)
