@@ -58,7 +58,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -272,8 +272,33 @@ def gunicorn(
         if threads:
             env["WEB_THREADS"] = str(threads)
         command = [GUNICORN, "--config", str(ROOT / "deploy" / "gunicorn.conf.py"), app]
-    # Output to a file, not a pipe nobody reads while the run lasts (a full pipe
-    # would stall the server); the access log is written as deployed, to stdout.
+    # The access log is written as deployed, to stdout (not kept).
+    with _serving(command, env, port, log) as server:
+        yield server
+
+
+@dataclass
+class Receiver:
+    pid: int
+    port: int
+
+
+@contextmanager
+def receiver(env: dict[str, str], port: int, *, processes: int | None, log: Path) -> Iterator[Receiver]:
+    """The OTLP/HTTP receiver (manage.py otlp_http) on ``port``, ``processes`` of it
+    (default: its own, one a core)."""
+    command = [PYTHON, "manage.py", "otlp_http", "--host", "127.0.0.1", "--port", str(port)]
+    if processes:
+        command += ["--processes", str(processes)]
+    with _serving(command, env, port, log) as server:
+        yield Receiver(server.pid, port)
+
+
+@contextmanager
+def _serving(command: list[str], env: dict[str, str], port: int, log: Path | None) -> Iterator[subprocess.Popen]:
+    """``command`` started, once it answers on ``port``; stopped (SIGTERM, then kill) at the end.
+    Its output goes to a file, not a pipe nobody reads while the run lasts (a full pipe
+    would stall it)."""
     errors = open(log, "w+") if log else tempfile.TemporaryFile("w+")
     with errors:
         server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errors, text=True)
@@ -295,7 +320,7 @@ def _started(server: subprocess.Popen, port: int, errors: Any) -> subprocess.Pop
     while True:
         if server.poll() is not None:
             errors.seek(0)
-            raise SystemExit(f"gunicorn exited: {errors.read()[-2000:]}")
+            raise SystemExit(f"server exited: {errors.read()[-2000:]}")
         try:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             connection.request("GET", "/v1/traces")
@@ -304,7 +329,7 @@ def _started(server: subprocess.Popen, port: int, errors: Any) -> subprocess.Pop
             return server
         except OSError:
             if time.monotonic() > deadline:
-                raise SystemExit("gunicorn did not start within 60 s") from None
+                raise SystemExit("server did not start within 60 s") from None
             time.sleep(0.2)
 
 
@@ -417,30 +442,31 @@ def send_all(
     return elapsed, counters["retries"], counters["failures"]
 
 
-def warm_up(port: int, key: str, *, clients: int) -> None:
+def warm_up(port: int, key: str, *, clients: int, records: bool = True) -> None:
     """Empty batches on both paths from every client at once, so each worker has
     served a request (nothing is stored by them)."""
     empty_records = json.dumps({"records": []}).encode()
     empty_spans = ExportTraceServiceRequest().SerializeToString()
     for _ in range(3):
-        send_all(port, "/api/v1/records", "application/json", key, [empty_records] * clients * 2, clients)
+        if records:
+            send_all(port, "/api/v1/records", "application/json", key, [empty_records] * clients * 2, clients)
         send_all(port, "/v1/traces", "application/x-protobuf", key, [empty_spans] * clients * 2, clients)
 
 
-def measure_floor(port: int, pid: int, bodies: list[bytes], clients: int, *, key: str | None = None,
-                  expect: int = 401) -> tuple[float, float, float]:
+def measure_floor(port: int, pids: Callable[[], list[int]], bodies: list[bytes], clients: int, *,
+                  key: str | None = None, expect: int = 401) -> tuple[float, float, float]:
     """What the stack costs for a request that stores nothing: the same bodies sent
     with a well-formed key that does not exist, refused (401) before any database
     work (or, to benchmarks.bare_wsgi, answered 200 by an app that does nothing).
     Returns (requests/s, gunicorn CPU ms a request, client CPU ms a request)."""
     key = key or "po_0123456789abcdef_" + "A" * 43
-    gunicorn_before, client_before = cpu_seconds(process_tree(pid)), time.process_time()
+    gunicorn_before, client_before = cpu_seconds(pids()), time.process_time()
     seconds, _, failures = send_all(port, "/v1/traces", "application/x-protobuf", key, bodies, clients,
                                     expect=expect)
     if failures:
         print(f"  floor: {failures} answers were not {expect}", flush=True)
     requests = len(bodies)
-    return (requests / seconds, (cpu_seconds(process_tree(pid)) - gunicorn_before) / requests * 1000,
+    return (requests / seconds, (cpu_seconds(pids()) - gunicorn_before) / requests * 1000,
             (time.process_time() - client_before) / requests * 1000)
 
 
@@ -503,22 +529,30 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
                 )
                 settle_seconds = settle(server.pid)
                 record_rss_kib = peak_rss_kib(process_tree(server.pid))
-                cpu_middle = cpu_seconds(process_tree(server.pid))
-                database_before, client_before = database_cpu_seconds(), time.process_time()
-                span_seconds, span_retries, span_failures = send_all(
-                    port, "/v1/traces", "application/x-protobuf", key, spans, args.clients
-                )
-                rss_kib = peak_rss_kib(process_tree(server.pid))
-                cpu_after = cpu_seconds(process_tree(server.pid))
-                span_database_cpu = database_cpu_seconds() - database_before
-                span_client_cpu = time.process_time() - client_before
-                floor = measure_floor(port, server.pid, spans, args.clients) if args.floor else None
+                with (receiver(env, free_port(), processes=args.workers, log=workdir / "receiver.log")
+                      if args.server == "receiver" else _nothing()) as span_server:
+                    # Spans to the receiver when asked (warmed up like gunicorn); the CPU of
+                    # both servers counts (gunicorn's derivation threads may take its notes).
+                    span_port = span_server.port if span_server else port
+                    pids = lambda: process_tree(server.pid) + (process_tree(span_server.pid) if span_server else [])  # noqa: E731
+                    if span_server:
+                        warm_up(span_port, key, clients=args.clients, records=False)
+                    cpu_middle = cpu_seconds(pids())
+                    database_before, client_before = database_cpu_seconds(), time.process_time()
+                    span_seconds, span_retries, span_failures = send_all(
+                        span_port, "/v1/traces", "application/x-protobuf", key, spans, args.clients
+                    )
+                    rss_kib = peak_rss_kib(pids())
+                    cpu_after = cpu_seconds(pids())
+                    span_database_cpu = database_cpu_seconds() - database_before
+                    span_client_cpu = time.process_time() - client_before
+                    floor = measure_floor(span_port, pids, spans, args.clients) if args.floor else None
             bare = None
-            if args.floor:  # the same config serving an app that does nothing (benchmarks.bare_wsgi)
+            if args.floor and args.server == "gunicorn":  # the same config serving an app that does nothing (benchmarks.bare_wsgi)
                 port = free_port()
                 with gunicorn(env, port, workers=args.workers, worker_class=args.worker_class, threads=args.threads,
                               log=workdir / "gunicorn-bare.log", app="benchmarks.bare_wsgi:application") as server:
-                    bare = measure_floor(port, server.pid, spans, args.clients, key=key, expect=200)
+                    bare = measure_floor(port, lambda: process_tree(server.pid), spans, args.clients, key=key, expect=200)
             stored_spans, stored_records = count_rows(env)
         return {
             "db": db,
@@ -561,6 +595,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="threads a worker (default: deploy/gunicorn.conf.py's, 4)")
     parser.add_argument("--worker-class", choices=["sync", "gthread"], default=None,
                         help="run plain gunicorn with this worker class instead of deploy/gunicorn.conf.py")
+    parser.add_argument("--server", choices=["gunicorn", "receiver"], default="gunicorn",
+                        help="where the spans go: the dashboard (gunicorn) or the OTLP/HTTP receiver "
+                             "(manage.py otlp_http; --workers sets its processes)")
     args = parser.parse_args(argv)
 
     print(f"building {args.batches} span batches and {args.record_batches} record batches ...", flush=True)
@@ -577,7 +614,8 @@ def main(argv: list[str] | None = None) -> None:
         results.append(run_one(db, args, spans, records))
 
     print()
-    print(f"gunicorn: {server_setup(args)}; {args.spans_per_batch} spans a batch, {args.clients} client threads, "
+    spans_to = "spans to the OTLP/HTTP receiver (manage.py otlp_http), records to " if args.server == "receiver" else ""
+    print(f"{spans_to}gunicorn: {server_setup(args)}; {args.spans_per_batch} spans a batch, {args.clients} client threads, "
           f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"{'db':<9} {'path':<8} {'sent':>8} {'stored':>8} {'seconds':>8} {'rows/s':>9} {'req/s':>7} "
           f"{'rows/cpu-s':>10} {'retries':>8} {'fails':>6} {'peak RSS':>9}")
