@@ -20,7 +20,9 @@ an Export*ServiceResponse (``partial_success`` when items were rejected) or a
 (8190 bytes), at most 100 header fields of 64 KiB in all, the body
 (OBSERVATORY_MAX_BODY_BYTES, checked as it arrives, chunked or not; refused with
 413 and the connection closed), the time from a request's first byte to its last
-(OBSERVATORY_BODY_READ_TIMEOUT: 408), idle keep-alive connections
+(OBSERVATORY_BODY_READ_TIMEOUT: 408), the bodies read and not yet answered, of all
+connections (OBSERVATORY_INGEST_MEMORY_BYTES: a chunk past it is refused with 503 and
+Retry-After, or 413 when its request alone is larger), idle keep-alive connections
 (OBSERVATORY_OTLP_HTTP_IDLE_TIMEOUT), connections at once
 (OBSERVATORY_OTLP_HTTP_MAX_CONNECTIONS: past it, 503 and closed), and what one
 group holds decoded (``GROUP_MAX_REQUESTS``, ``GROUP_MAX_BYTES``); the ingest gate's
@@ -52,7 +54,7 @@ from django.db import close_old_connections, connections
 
 from dashboard.observatory.dispatch import background_stop
 
-from .common import IngestError, decode_content
+from .common import BUSY_RETRY_AFTER, IngestError, decode_content
 from .export import LOGS, TRACES, ExportOutcome, ExportRequest, otlp_export_all
 from .otlp import CONTENT_TYPES, encode_status
 
@@ -64,7 +66,8 @@ MAX_HEADERS = 100
 MAX_HEADER_BYTES = 64 * 1024
 GROUP_MAX_REQUESTS = 32  # requests stored together at most (the group commit's MAX_GROUP)
 GROUP_MAX_BYTES = 4 * 1024 * 1024  # body bytes stored together at most (one bigger request is a group alone)
-_WANTED = {b"authorization", b"content-type", b"content-encoding"}
+LINGER_SECONDS = 2.0  # a closing connection reads and drops what still comes for this long
+_WANTED = {b"authorization", b"content-type", b"content-encoding", b"content-length"}
 
 
 @dataclass(slots=True)
@@ -90,10 +93,11 @@ class _Request:
 class _Refused(Exception):
     """A request answered before its body is read (its connection is then closed)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after
 
 
 class Connection(asyncio.Protocol):
@@ -109,6 +113,7 @@ class Connection(asyncio.Protocol):
         self.closing = False
         self.refusal: tuple[int, str, int | None] | None = None  # to answer once those in flight are
         self.timer: asyncio.TimerHandle | None = None
+        self.held = 0  # body bytes of this connection's requests read and not answered
 
     # --- asyncio ---------------------------------------------------------------
 
@@ -124,6 +129,7 @@ class Connection(asyncio.Protocol):
         self.closing = True
         self._disarm()
         self.receiver.connections.discard(self)
+        self._free(self.held)
 
     def data_received(self, data: bytes) -> None:
         if self.closing or self.refusal:
@@ -135,7 +141,7 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             # A refusal raised in a callback comes back as the context of the parser's error.
             refused = exc.__context__ if isinstance(exc.__context__, _Refused) else _Refused(400, "malformed HTTP request")
-            self._refuse(refused.status, refused.message)
+            self._refuse(refused.status, refused.message, refused.retry_after)
 
     # --- httptools ---------------------------------------------------------------
 
@@ -173,12 +179,25 @@ class Connection(asyncio.Protocol):
             raise _Refused(405, "use POST")
         if request.content_type not in CONTENT_TYPES:
             raise _Refused(415, "unsupported content type; send application/x-protobuf or application/json")
+        declared = request.headers.get(b"content-length")  # a valid number: llhttp checked it
+        if declared is not None:
+            self._check_size(int(declared))
+
+    def _check_size(self, size: int) -> None:
+        """Refuse a body of ``size`` bytes (declared, or read so far) that can never fit."""
+        if size > self.receiver.max_body_bytes:
+            raise _Refused(413, f"body larger than {self.receiver.max_body_bytes} bytes")
+        if size > self.receiver.memory_budget:
+            raise _Refused(413, "the body is larger than the ingest memory budget: send smaller batches")
 
     def on_body(self, chunk: bytes) -> None:
         request = self._current()
         request.size += len(chunk)
-        if request.size > self.receiver.max_body_bytes:
-            raise _Refused(413, f"body larger than {self.receiver.max_body_bytes} bytes")
+        self._check_size(request.size)
+        receiver = self.receiver
+        if receiver.held + len(chunk) > receiver.memory_budget:
+            raise _Refused(503, "ingest memory in use by other requests, retry later", retry_after=BUSY_RETRY_AFTER)
+        self._hold(len(chunk))
         request.body.append(chunk)
 
     def on_message_complete(self) -> None:
@@ -193,6 +212,7 @@ class Connection(asyncio.Protocol):
     def answer(self, request: _Request, outcome: ExportOutcome | BaseException) -> None:
         """Write the answer to ``request`` (its outcome from ``otlp_export_all``)."""
         self.in_flight -= 1
+        self._free(request.size)
         content_type = request.content_type
         if isinstance(outcome, ExportOutcome):
             self._write(200, content_type, outcome.response(content_type), close=not request.keep_alive)
@@ -238,9 +258,21 @@ class Connection(asyncio.Protocol):
             head.append("Connection: close")
         self.transport.write("\r\n".join(head).encode() + b"\r\n\r\n" + body)  # type: ignore[union-attr]
         if close or self.receiver.stopping:
-            self.closing = True
-            self._disarm()
-            self.transport.close()  # type: ignore[union-attr]  # after what was written is sent
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close after the answer, without losing it: the sender may still be sending
+        the body of a request refused early, and closing with data unread would reset
+        the connection under the answer. So end our side (the answer, then EOF), read
+        and drop what still comes for up to LINGER_SECONDS, then close."""
+        self.closing = True
+        if self.transport.can_write_eof():  # type: ignore[union-attr]
+            self.transport.write_eof()  # type: ignore[union-attr]
+        self.transport.resume_reading()  # type: ignore[union-attr]  # to drop what comes
+        self._arm(LINGER_SECONDS, self.transport.close)  # type: ignore[union-attr]
+
+    def eof_received(self) -> bool:
+        return False  # the sender is done: close (our side may be done too)
 
     def close_idle(self) -> None:
         """At shutdown: close now unless a request is being read or stored."""
@@ -250,6 +282,15 @@ class Connection(asyncio.Protocol):
             self.transport.close()  # type: ignore[union-attr]
 
     # --- helpers -------------------------------------------------------------------
+
+    def _hold(self, size: int) -> None:
+        self.held += size
+        self.receiver.held += size
+
+    def _free(self, size: int) -> None:
+        size = min(size, self.held)
+        self.held -= size
+        self.receiver.held -= size
 
     def _current(self) -> _Request:
         if self.request is None:  # a callback out of order: never expected from llhttp
@@ -293,6 +334,10 @@ class Receiver:
         self.read_timeout = float(settings.OBSERVATORY_BODY_READ_TIMEOUT)
         self.max_body_bytes = settings.OBSERVATORY_MAX_BODY_BYTES
         self.max_decoded_bytes = settings.OBSERVATORY_MAX_DECODED_BYTES
+        # Bodies read and not answered yet, of all connections: at most the ingest memory
+        # budget (a chunk past it is refused, 503, or 413 when its request alone is larger).
+        self.memory_budget = settings.OBSERVATORY_INGEST_MEMORY_BYTES
+        self.held = 0
 
     def protocol(self) -> Connection:
         return Connection(self)

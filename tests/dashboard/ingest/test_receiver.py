@@ -249,6 +249,30 @@ def test_it_refuses_an_oversize_body_as_it_arrives(settings, monkeypatch, key):
     assert not Span.objects.exists()
 
 
+def test_bodies_held_at_once_stay_within_the_memory_budget(settings, monkeypatch, key):
+    """1,024 senders of 8 MiB would be 8 GiB: what all connections hold unanswered is
+    bounded; past it a request is refused (503, retry; 413 when it alone is larger)."""
+    settings.OBSERVATORY_INGEST_MEMORY_BYTES = 1024 * 1024
+    running = Running(monkeypatch)
+    small = spans_request(1, big="s" * 100_000)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=15) as holder:
+            held = request_bytes(spans_request(1, big="h" * 1_000_000), key)
+            holder.sendall(held[:-10])  # about 1 MB held, not complete
+            time.sleep(0.3)
+            status, headers, _ = post(running.port, small, key)
+            assert (status, headers["retry-after"]) == (503, "2")
+            assert post(running.port, spans_request(1, big="l" * 1_200_000), key)[0] == 413  # never fits
+            holder.sendall(held[-10:])
+            # Complete, it is decoded under the request's own budget (twice its size): too big.
+            assert answers(holder.recv(65536))[0][0] == 413
+        assert post(running.port, small, key)[0] == 200  # room again
+        assert running.receiver.held == 0
+    finally:
+        running.close()
+    assert Span.objects.count() == 1
+
+
 def test_a_stalled_sender_gets_408_while_others_are_served(served, key):
     with socket.create_connection(("127.0.0.1", served.port), timeout=15) as stalled:
         stalled.sendall(request_bytes(spans_request(2), key)[:-10])  # all but the last 10 bytes
