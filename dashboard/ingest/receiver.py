@@ -39,6 +39,7 @@ connections, the requests read are stored and answered, then the process exits.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import signal
@@ -466,10 +467,12 @@ def serve(host: str, port: int, *, processes: int, grace: float = 10.0, ready: A
     try:
         while True:
             while not stopping and len(children) < processes:
+                parent = os.getpid()
                 pid = os.fork()
                 if pid == 0:
                     for signum, handler in previous.items():
                         signal.signal(signum, handler)
+                    _stop_with_parent(parent)
                     code = 0
                     try:
                         _child(sock, grace)
@@ -495,6 +498,21 @@ def serve(host: str, port: int, *, processes: int, grace: float = 10.0, ready: A
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         sock.close()
+
+
+def _stop_with_parent(parent: int) -> None:
+    """Have the kernel send SIGTERM to this child when the parent dies (``kill -9``
+    of the parent included), so no child goes on serving the port unsupervised."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: a parent killed outright leaves its children
+        return
+    if os.getppid() != parent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _signal(pid: int, signum: int) -> None:

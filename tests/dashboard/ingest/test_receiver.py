@@ -38,6 +38,7 @@ from .test_grpc_server import spans_request
 from .test_otlp_logs import make_logs
 
 pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[3]
 PROTOBUF = "application/x-protobuf"
 
 
@@ -337,32 +338,40 @@ def test_stopping_answers_the_requests_already_read(settings, monkeypatch, key):
         post(running.port, spans_request(1), key)  # no longer listening
 
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def test_the_served_processes_survive_kill_9_of_one_and_stop_on_sigterm(tmp_path, key):
-    """``manage.py otlp_http --processes 2`` on a database file of its own: a child
-    killed with -9 is replaced and the port keeps answering; SIGTERM stops them all."""
-    from benchmarks.bench_ingest import free_port, manage
+@pytest.fixture
+def own_database(tmp_path):
+    """A database file of its own (the served processes are other processes), its key."""
+    from benchmarks.bench_ingest import manage
     from benchmarks.load import django_env
 
     env = {**django_env(tmp_path, ""), "OBSERVATORY_DERIVE_INLINE": "0"}
     env.pop("PYTEST_CURRENT_TEST", None)
-    env.pop("DATABASE_URL", None)
     manage(env, "migrate", "--noinput")
     code = ("from dashboard.accounts.services import project_create, apikey_create\n"
             "print(apikey_create(project=project_create(name='p'))[1])\n")
-    own_key = manage(env, "shell", "-c", code).strip().splitlines()[-1]
-    port = free_port()
+    return env, manage(env, "shell", "-c", code).strip().splitlines()[-1]
+
+
+def _otlp_http(env: dict[str, str], port: int) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, "manage.py", "otlp_http", "--port", str(port), "--processes", "2"],
                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "listening" in process.stdout.readline()
+    return process
+
+
+def test_the_served_processes_survive_kill_9_of_one_and_stop_on_sigterm(own_database):
+    """``manage.py otlp_http --processes 2``: a child killed with -9 is replaced and the
+    port keeps answering; SIGTERM stops them all."""
+    from benchmarks.bench_ingest import free_port, manage
+
+    env, own_key = own_database
+    port = free_port()
+    process = _otlp_http(env, port)
     try:
-        assert "listening" in process.stdout.readline()
         children = _children(process.pid, 2)
         assert post(port, spans_request(2), own_key)[0] == 200
         os.kill(children[0], signal.SIGKILL)
         replaced = _children(process.pid, 2, without=children[0])
-        assert children[0] not in replaced
         request = ExportTraceServiceRequest.FromString(spans_request(2))
         for index, span in enumerate(request.resource_spans[0].scope_spans[0].spans):
             span.span_id = (50 + index).to_bytes(8, "big")
@@ -377,6 +386,27 @@ def test_the_served_processes_survive_kill_9_of_one_and_stop_on_sigterm(tmp_path
             process.wait()
     count = manage(env, "shell", "-c", "from dashboard.observatory.models import Span; print(Span.objects.count())")
     assert count.strip().splitlines()[-1] == "4"
+
+
+def test_the_served_processes_stop_when_their_parent_is_killed(own_database):
+    from benchmarks.bench_ingest import free_port
+
+    env, _ = own_database
+    process = _otlp_http(env, free_port())
+    children = _children(process.pid, 2)
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 20
+    while any(Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid) for pid in children):
+        assert time.monotonic() < deadline, "children still serving after their parent was killed"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
 
 
 def _children(pid: int, count: int, *, without: int | None = None, timeout: float = 20) -> list[int]:
