@@ -99,10 +99,19 @@ def otlp_export_all(requests: Sequence[ExportRequest]) -> list[ExportOutcome | B
     once they committed: an ExportOutcome, an IngestError (a database error is the
     503 ``database_errors_as_busy`` makes of it), or the exception a write raised."""
     prepared: list[_Prepared | BaseException] = []
+    # A key is checked once for the requests that came together (a revocation holds from
+    # the next group on, milliseconds later); one that fails is checked again each time.
+    keys: dict[str, Any] = {}
+
+    def authenticate(header: str) -> Any:
+        if header not in keys:
+            keys[header] = authenticate_header(header)
+        return keys[header]
+
     for request in requests:
         try:
             with ingest_gate():
-                prepared.append(_prepare(request))
+                prepared.append(_prepare(request, authenticate))
         except IngestError as exc:
             prepared.append(exc)
     ready = [item for item in prepared if isinstance(item, _Prepared)]
@@ -135,9 +144,9 @@ class _Prepared:
         return ExportOutcome(self.signal, self.accepted, stored.inserted, self.rejected, self.error_message)
 
 
-def _prepare(request: ExportRequest) -> _Prepared:
+def _prepare(request: ExportRequest, authenticate: Callable[[str], Any] = authenticate_header) -> _Prepared:
     """Inside the gate: authenticate, read, decode, and prepare the write."""
-    project, _ = authenticate_header(request.authorization)
+    project, _ = authenticate(request.authorization)
     derivations_keep_up()
     body = request.read_body()
     if request.signal == TRACES:

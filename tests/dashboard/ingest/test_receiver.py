@@ -184,6 +184,20 @@ def test_requests_sent_together_are_stored_as_one_group_each_with_its_answer(ser
     assert served.receiver.groups - before == 1
 
 
+def test_a_revoked_key_is_refused_from_the_next_request(served):
+    """Requests of one group share one check of their key; a revocation still holds at once."""
+    from dashboard.accounts.services import apikey_revoke
+
+    api_key, text = apikey_create(project=project_create(name="revoked"))
+    together = request_bytes(spans_request(1), text) + request_bytes(spans_request(2), text).replace(
+        b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n")
+    assert [status for status, _ in answers(raw(served.port, together))] == [200, 200]
+    apikey_revoke(key=api_key)
+    status, _, body = post(served.port, spans_request(3), text)
+    assert (status, status_pb2.Status.FromString(body).message) == (401, "revoked API key")
+    assert Span.objects.count() == 2
+
+
 def test_a_malformed_request_after_a_pipelined_one_is_refused_after_its_answer(served, key):
     got = answers(raw(served.port, request_bytes(spans_request(2), key) + b"NOT HTTP\r\n\r\n"))
     assert [status for status, _ in got] == [200, 400]  # in the order sent, then closed
