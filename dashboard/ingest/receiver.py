@@ -39,6 +39,7 @@ connections, the requests read are stored and answered, then the process exits.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import ctypes
 import logging
 import os
@@ -330,6 +331,10 @@ class Receiver:
         self.stopping = False
         self.groups = 0  # groups stored, and the requests in them (logged at the end)
         self.requests = 0
+        # The loop runs each callback in a copy of the context it was scheduled from, and
+        # Django keeps its connections in a context variable: without one context of our
+        # own, each group would open a database connection and leave it open.
+        self.context = contextvars.copy_context()
         self.max_connections = settings.OBSERVATORY_OTLP_HTTP_MAX_CONNECTIONS
         self.idle_timeout = float(settings.OBSERVATORY_OTLP_HTTP_IDLE_TIMEOUT)
         self.read_timeout = float(settings.OBSERVATORY_BODY_READ_TIMEOUT)
@@ -362,14 +367,17 @@ class Receiver:
             self.scheduled = True
             self.loop.call_soon(self._store)
         try:
-            close_old_connections()  # what Django does around every HTTP request
-            outcomes = otlp_export_all([self._export_request(request) for _, request in group])
+            outcomes = self.context.run(self._export, group)
         except Exception as exc:  # noqa: BLE001 - every request gets an answer
             outcomes = [exc] * len(group)
         self.groups += 1
         self.requests += len(group)
         for (connection, request), outcome in zip(group, outcomes):
             connection.answer(request, outcome)
+
+    def _export(self, group: list[tuple[Connection, _Request]]) -> list[Any]:
+        close_old_connections()  # what Django does around every HTTP request
+        return otlp_export_all([self._export_request(request) for _, request in group])
 
     def _export_request(self, request: _Request) -> ExportRequest:
         raw, request.body = b"".join(request.body), []
@@ -417,7 +425,7 @@ async def serve_socket(sock: socket.socket, stop: asyncio.Event, *, grace: float
             connection.closing = True
             if connection.transport is not None:
                 connection.transport.abort()
-        connections.close_all()
+        receiver.context.run(connections.close_all)
         logger.info("OTLP/HTTP receiver process %d stopped: %d requests stored in %d groups",
                     os.getpid(), receiver.requests, receiver.groups)
 

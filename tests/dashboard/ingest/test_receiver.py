@@ -133,6 +133,25 @@ def test_it_stores_spans_and_answers_after_the_commit(served, key):
     assert Span.objects.count() == 3  # committed when the answer came
 
 
+def test_groups_reuse_the_process_s_database_connections(served, key):
+    """The loop runs each callback in a copied context and Django keeps connections in a
+    context variable: each group opened (and leaked) a connection of its own until the
+    receiver ran them in one context. Now: one."""
+    from django.db.backends.signals import connection_created
+
+    opened = []
+    connection_created.connect(lambda **kwargs: opened.append(kwargs["connection"]), weak=False,
+                               dispatch_uid="receiver-test")
+    try:
+        for index in range(8):
+            request = ExportTraceServiceRequest.FromString(spans_request(1))
+            request.resource_spans[0].scope_spans[0].spans[0].span_id = (index + 1).to_bytes(8, "big")
+            assert post(served.port, request.SerializeToString(), key)[0] == 200
+    finally:
+        connection_created.disconnect(dispatch_uid="receiver-test")
+    assert Span.objects.count() == 8 and len(opened) <= 1
+
+
 def test_it_stores_logs_json_and_gzip(served, key):
     status, _, body = post(served.port, make_logs(4).SerializeToString(), key, path="/v1/logs")
     assert status == 200 and ExportLogsServiceResponse.FromString(body) == ExportLogsServiceResponse()
