@@ -13,7 +13,7 @@ stored the loop does nothing else; the requests that arrive meanwhile wait in th
 kernel and make the next group, so the busier it is, the larger the groups.
 Answers go out after the commit, so an acknowledged batch is a stored one.
 
-The answers are those of the dashboard's views (same module: ``otlp_views``):
+The answers are those of the dashboard's views (``otlp_views``):
 an Export*ServiceResponse (``partial_success`` when items were rejected) or a
 ``google.rpc.Status`` in the request's encoding, with Retry-After on 429/503;
 404/405/415 in plain text. Bounded like a web process: the request line
