@@ -92,14 +92,8 @@ class _Request:
         return self.header(b"content-type").partition(";")[0].strip().lower()
 
 
-class _Refused(Exception):
-    """A request answered before its body is read (its connection is then closed)."""
-
-    def __init__(self, status: int, message: str, *, retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.retry_after = retry_after
+class _Refused(IngestError):
+    """A request answered before it is stored, in plain text (its connection is then closed)."""
 
 
 class Connection(asyncio.Protocol):
