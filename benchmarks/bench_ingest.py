@@ -636,19 +636,19 @@ def main(argv: list[str] | None = None) -> None:
         spans_phase = result["spans"]
         server, database, client = result["span_cpu"], result["span_database_cpu"], result["span_client_cpu"]
         per_request = (server + database + client) / spans_phase.requests if spans_phase.requests else 0.0
-        print(f"{result['db']} spans: CPU a request {per_request * 1000:.2f} ms (gunicorn {server / spans_phase.requests * 1000:.2f}, "
+        print(f"{result['db']} spans: CPU a request {per_request * 1000:.2f} ms (server {server / spans_phase.requests * 1000:.2f}, "
               f"database {database / spans_phase.requests * 1000:.2f}, client {client / spans_phase.requests * 1000:.2f}): "
               f"{os.cpu_count()} idle CPUs would take about {(os.cpu_count() or 1) / per_request if per_request else 0:.0f} requests/s")
     for result in results:
         if result["floor"]:
             rate, server_ms, client_ms = result["floor"]
             print(f"{result['db']} floor (the same requests refused for their key, nothing stored): {rate:.0f} requests/s; "
-                  f"CPU a request gunicorn {server_ms:.2f} ms, client {client_ms:.2f} ms: {os.cpu_count()} idle CPUs "
+                  f"CPU a request server {server_ms:.2f} ms, client {client_ms:.2f} ms: {os.cpu_count()} idle CPUs "
                   f"would take about {(os.cpu_count() or 1) / (server_ms + client_ms) * 1000:.0f} requests/s")
         if result["bare"]:
             rate, server_ms, client_ms = result["bare"]
             print(f"{result['db']} bare floor (the same config serving benchmarks.bare_wsgi: no Django, nothing parsed "
-                  f"or stored): {rate:.0f} requests/s; CPU a request gunicorn {server_ms:.2f} ms, client "
+                  f"or stored): {rate:.0f} requests/s; CPU a request server {server_ms:.2f} ms, client "
                   f"{client_ms:.2f} ms: {os.cpu_count()} idle CPUs would take about "
                   f"{(os.cpu_count() or 1) / (server_ms + client_ms) * 1000:.0f} requests/s")
     for result in results:
