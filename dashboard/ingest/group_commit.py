@@ -27,7 +27,7 @@ group alike (503: send again), as it would have one transaction.
 Inside a transaction already (a management command, a test's transaction), a write
 runs in it, alone, as before.
 
-One thread may queue several writes at once (``ingest_write_all``): the OTLP/HTTP
+One thread may queue several writes at once (``pending_store_all``): the OTLP/HTTP
 receiver (ingest.receiver) serves many connections from one thread and stores the
 requests that arrived together as one group, with no thread to hand them between.
 """
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
 
 from django.db import connection, transaction
 
@@ -180,11 +180,7 @@ class GroupCommit:
         """The writes queued, from the first, while they fit: MAX_GROUP writes and
         MAX_GROUP_ROWS rows at most, the first always."""
         with self._lock:
-            count = rows = 0
-            for write in self._queue:
-                if count and (count >= MAX_GROUP or rows + write.rows > MAX_GROUP_ROWS):
-                    break
-                count, rows = count + 1, rows + write.rows
+            count = fitting((write.rows for write in self._queue), count=MAX_GROUP, total=MAX_GROUP_ROWS)
             group.extend(self._queue[:count])
             del self._queue[:count]
 
@@ -221,6 +217,17 @@ class GroupCommit:
             write.finish(result=result)
 
 
+def fitting(sizes: Iterable[int], *, count: int, total: int) -> int:
+    """How many of the items of these ``sizes``, from the first, make one group: at
+    most ``count`` items and ``total`` in size, the first always (alone if larger)."""
+    taken = summed = 0
+    for size in sizes:
+        if taken and (taken >= count or summed + size > total):
+            break
+        taken, summed = taken + 1, summed + size
+    return taken
+
+
 def _finish(group: list[_Write], *, error: BaseException) -> None:
     for write in group:
         write.finish(error=error)
@@ -237,7 +244,7 @@ def ingest_write(fn: Callable[[], T], rows: int) -> T:
 
 def pending_store(pending: Pending[T]) -> T:
     """Store one prepared request (``ingest_write``); nothing to store returns at once."""
-    return pending.empty if pending.write is None else _process.run(pending.write, pending.rows)
+    return pending.empty if pending.write is None else ingest_write(pending.write, pending.rows)
 
 
 def pending_store_all(pendings: Sequence[Pending[Any]]) -> list[tuple[Any, BaseException | None]]:

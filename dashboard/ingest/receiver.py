@@ -25,7 +25,7 @@ connections (OBSERVATORY_INGEST_MEMORY_BYTES: a chunk past it is refused with 50
 Retry-After, or 413 when its request alone is larger), idle keep-alive connections
 (OBSERVATORY_OTLP_HTTP_IDLE_TIMEOUT), connections at once
 (OBSERVATORY_OTLP_HTTP_MAX_CONNECTIONS: past it, 503 and closed), and what one
-group holds decoded (``GROUP_MAX_REQUESTS``, ``GROUP_MAX_BYTES``); the ingest gate's
+group holds decoded (the group commit's ``MAX_GROUP`` requests, ``GROUP_MAX_BYTES``); the ingest gate's
 memory budget counts each request as it is decoded. A connection is not read
 while its request waits for its group, so a sender cannot queue more than it sent
 in one packet.
@@ -58,6 +58,7 @@ from dashboard.observatory.dispatch import background_stop
 
 from .common import BUSY_RETRY_AFTER, IngestError, decode_content
 from .export import LOGS, TRACES, ExportOutcome, ExportRequest, otlp_export_all
+from .group_commit import MAX_GROUP, fitting
 from .otlp import CONTENT_TYPES, encode_status
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,6 @@ PATHS = {b"/v1/traces": TRACES, b"/v1/logs": LOGS}
 MAX_URL = 8190
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 64 * 1024
-GROUP_MAX_REQUESTS = 32  # requests stored together at most (the group commit's MAX_GROUP)
 GROUP_MAX_BYTES = 4 * 1024 * 1024  # body bytes stored together at most (one bigger request is a group alone)
 LINGER_SECONDS = 2.0  # a closing connection reads and drops what still comes for this long
 _WANTED = {b"authorization", b"content-type", b"content-encoding", b"content-length"}
@@ -351,11 +351,7 @@ class Receiver:
     def _store(self) -> None:
         """Store the requests waiting, as one group (within its bounds), and answer them."""
         self.scheduled = False
-        count = size = 0
-        for _, request in self.waiting:
-            if count and (count >= GROUP_MAX_REQUESTS or size + request.size > GROUP_MAX_BYTES):
-                break
-            count, size = count + 1, size + request.size
+        count = fitting((request.size for _, request in self.waiting), count=MAX_GROUP, total=GROUP_MAX_BYTES)
         group, self.waiting = self.waiting[:count], self.waiting[count:]
         if self.waiting:
             self.scheduled = True
