@@ -277,21 +277,15 @@ def gunicorn(
         yield server
 
 
-@dataclass
-class Receiver:
-    pid: int
-    port: int
-
-
 @contextmanager
-def receiver(env: dict[str, str], port: int, *, processes: int | None, log: Path) -> Iterator[Receiver]:
+def receiver(env: dict[str, str], port: int, *, processes: int | None, log: Path) -> Iterator[subprocess.Popen]:
     """The OTLP/HTTP receiver (manage.py otlp_http) on ``port``, ``processes`` of it
     (default: its own, one a core)."""
     command = [PYTHON, "manage.py", "otlp_http", "--host", "127.0.0.1", "--port", str(port)]
     if processes:
         command += ["--processes", str(processes)]
     with _serving(command, env, port, log) as server:
-        yield Receiver(server.pid, port)
+        yield server
 
 
 @contextmanager
@@ -460,13 +454,13 @@ def measure_floor(port: int, pids: Callable[[], list[int]], bodies: list[bytes],
     work (or, to benchmarks.bare_wsgi, answered 200 by an app that does nothing).
     Returns (requests/s, gunicorn CPU ms a request, client CPU ms a request)."""
     key = key or "po_0123456789abcdef_" + "A" * 43
-    gunicorn_before, client_before = cpu_seconds(pids()), time.process_time()
+    server_before, client_before = cpu_seconds(pids()), time.process_time()
     seconds, _, failures = send_all(port, "/v1/traces", "application/x-protobuf", key, bodies, clients,
                                     expect=expect)
     if failures:
         print(f"  floor: {failures} answers were not {expect}", flush=True)
     requests = len(bodies)
-    return (requests / seconds, (cpu_seconds(pids()) - gunicorn_before) / requests * 1000,
+    return (requests / seconds, (cpu_seconds(pids()) - server_before) / requests * 1000,
             (time.process_time() - client_before) / requests * 1000)
 
 
@@ -529,11 +523,11 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
                 )
                 settle_seconds = settle(server.pid)
                 record_rss_kib = peak_rss_kib(process_tree(server.pid))
-                with (receiver(env, free_port(), processes=args.workers, log=workdir / "receiver.log")
+                span_port = free_port() if args.server == "receiver" else port
+                with (receiver(env, span_port, processes=args.workers, log=workdir / "receiver.log")
                       if args.server == "receiver" else _nothing()) as span_server:
                     # Spans to the receiver when asked (warmed up like gunicorn); the CPU of
                     # both servers counts (gunicorn's derivation threads may take its notes).
-                    span_port = span_server.port if span_server else port
                     pids = lambda: process_tree(server.pid) + (process_tree(span_server.pid) if span_server else [])  # noqa: E731
                     if span_server:
                         warm_up(span_port, key, clients=args.clients, records=False)
