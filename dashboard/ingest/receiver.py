@@ -75,7 +75,7 @@ _WANTED = {b"authorization", b"content-type", b"content-encoding", b"content-len
 @dataclass(slots=True)
 class _Request:
     signal: str | None = None
-    method: bytes = b""
+    content_type: str = ""  # its media type, lowercased (the answer is in it too)
     url: bytearray = field(default_factory=bytearray)
     headers: dict[bytes, bytes] = field(default_factory=dict)
     header_count: int = 0
@@ -86,10 +86,6 @@ class _Request:
 
     def header(self, name: bytes) -> str:
         return self.headers.get(name, b"").decode("latin-1")
-
-    @property
-    def content_type(self) -> str:
-        return self.header(b"content-type").partition(";")[0].strip().lower()
 
 
 class _Refused(IngestError):
@@ -163,7 +159,6 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         request = self._current()
-        request.method = self.parser.get_method()
         request.keep_alive = self.parser.should_keep_alive()
         if self.parser.should_upgrade():
             raise _Refused(400, "protocol upgrade not supported")
@@ -171,8 +166,9 @@ class Connection(asyncio.Protocol):
         request.signal = PATHS.get(path)
         if request.signal is None:
             raise _Refused(404, "not found; OTLP/HTTP is POST /v1/traces or /v1/logs")
-        if request.method != b"POST":
+        if self.parser.get_method() != b"POST":
             raise _Refused(405, "use POST")
+        request.content_type = request.header(b"content-type").partition(";")[0].strip().lower()
         if request.content_type not in CONTENT_TYPES:
             raise _Refused(415, "unsupported content type; send application/x-protobuf or application/json")
         declared = request.headers.get(b"content-length")  # a valid number: llhttp checked it
