@@ -4,8 +4,9 @@ This is the hot write path of ``POST /v1/traces``, so it is built for throughput
 the rows are plain tuples (no model instance per span), JSON columns are encoded
 once (a resource once per resource, not once per span), and the whole batch goes
 in one transaction (shared with the other batches the process stores at that
-moment: ``group_commit``) as one bulk insert that ignores rows already stored, so
-a retried batch stores no duplicate:
+moment: ``group_commit``; those of the same project are stored as one batch) as
+one bulk insert that ignores rows already stored, so a retried batch stores no
+duplicate:
 
 - SQLite: ``executemany`` of ``INSERT ... ON CONFLICT DO NOTHING``;
 - PostgreSQL: ``COPY`` straight into the table, and only when that meets a
@@ -13,10 +14,11 @@ a retried batch stores no duplicate:
   ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``
   (``insert_values_ignoring_conflicts``, shared with the records path).
 
-The number of queries is constant in the batch size: at most three for
-conversations (find, create the missing ones in bulk, read their ids), one for
-tool executions when spans name a tool call, the insert, and two more only when a
-tool execution gets linked (per 500 distinct ids, to stay under parameter limits).
+The number of queries is constant in the batch size: one for the traces no span
+names, at most three for conversations (find, create the missing ones in bulk,
+read their ids), one for tool executions when spans name a tool call, the insert,
+one recording the traces linked, and two more only when a tool execution gets
+linked (per 500 distinct ids, to stay under parameter limits).
 
 Linking, from span attributes read through the conventions table
 (``observatory.conventions``: GenAI semantic conventions, OpenInference, OpenLLMetry;
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
-from django.db import connection
+from django.db import IntegrityError, connection
 from django.utils import timezone as dj_timezone
 
 from dashboard.accounts.models import Project
@@ -56,7 +58,7 @@ from dashboard.observatory.services import (
 )
 from dashboard.observatory.trace_links import trace_conversations_find, trace_conversations_record
 
-from .group_commit import Pending, pending_store
+from .group_commit import Pending, Together, Unmerged, first_try, pending_store
 from .otlp import TRUNCATION_MARKER, SpanRow
 
 _LOOKUP_CHUNK = 500  # ids per IN (...) query; stays under every backend's limit
@@ -125,9 +127,10 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
 
 
 def spans_prepare(*, project: Project, spans: Sequence[SpanRow]) -> Pending[StoredSpans]:
-    """What ``spans_store`` does before its transaction: the rows, the links, the
-    traces already linked; the write itself is left to run in a group transaction
-    (``pending_store``, or ``pending_store_all`` with other requests)."""
+    """What ``spans_store`` does before its transaction: the rows and the links; the
+    write itself is left to run in a group transaction (``pending_store``, or
+    ``pending_store_all`` with other requests), as one with the group's other span
+    batches of the project (``Together``)."""
     if not spans:
         return Pending(None, 0, StoredSpans(0, 0, (), 0))
     resource_keys: dict[int, bool] = {}  # id(resource) -> holds a key of the conventions table
@@ -135,47 +138,76 @@ def spans_prepare(*, project: Project, spans: Sequence[SpanRow]) -> Pending[Stor
     # Built before the transaction: on SQLite it holds the write lock, so the
     # JSON encoding should not happen while the other workers wait for it.
     received_at = dj_timezone.now()
-    rows = _rows(project.pk, spans, links, received_at)
-    # Traces already linked to a conversation (TraceConversation): read before the
-    # transaction (on SQLite it holds the write lock), for the traces no span of
-    # this batch names.
+    part = _Batch(project, spans, links, _rows(project.pk, spans, links, received_at), received_at)
+    return Pending(lambda: _spans_write([part])[0], len(part.rows), StoredSpans(0, 0, (), 0),
+                   Together(("spans", project.pk), part, _spans_write))
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """One request's spans, prepared: their links and rows (but the conversation)."""
+
+    project: Project
+    spans: Sequence[SpanRow]
+    links: list[tuple[str, str, str, str]]
+    rows: list[tuple[Any, ...]]
+    received_at: datetime
+
+
+def _spans_write(batches: list[_Batch]) -> list[StoredSpans]:
+    """The writes of one or more batches of one project, inside the (group)
+    transaction, as one: one lookup of their traces, one insert, one derivation
+    note. May run twice (see ingest.group_commit); raises ``Unmerged`` when some of
+    several batches' spans were stored already (how many of each is not known)."""
+    project = batches[0].project
+    spans = [span for batch in batches for span in batch.spans]
+    links = [link for batch in batches for link in batch.links]
+    rows = [row for batch in batches for row in batch.rows]
     stored = _stored_trace_conversations(project, spans, links)
-    return Pending(lambda: _spans_write(project, spans, links, rows, stored, received_at), len(rows),
-                   StoredSpans(0, 0, (), 0))
-
-
-def _spans_write(
-    project: Project,
-    spans: Sequence[SpanRow],
-    links: Sequence[tuple[str, str, str, str]],
-    rows: list[tuple[Any, ...]],
-    stored: dict[str, int],
-    received_at: datetime,
-) -> StoredSpans:
-    """The batch's writes, inside the (group) transaction: may run twice (see ingest.group_commit)."""
     by_key = _conversations_for(project, spans, links)
     executions = _tool_executions_for(project, links)
     conversations = _conversation_per_span(spans, links, by_key, executions, stored)
-    inserted = _insert([row + (conversation,) for row, conversation in zip(rows, conversations)])
+    try:
+        inserted = _insert([row + (conversation,) for row, conversation in zip(rows, conversations)])
+    except IntegrityError:
+        if first_try():
+            raise Unmerged from None  # a span stored already: again, alone, the long way
+        raise
+    if inserted != len(rows) and len(batches) > 1:
+        raise Unmerged
     _record_traces(project, spans, conversations, stored)
     linked = _link_tool_executions(project, spans, links, executions)
-    touched = tuple(sorted({conversation for conversation in conversations if conversation is not None}))
     tool_minutes = {_aware(span.start_time_unix_nano) for span, (_, tool, _, _) in zip(spans, links) if tool}
-    # Traces to finish linking from the outbox: those a key just linked (their
-    # children may be stored already), and, in a batch with GenAI spans, those
-    # with a span still unlinked (its naming span may be in a concurrent batch).
-    # A batch of plain spans notes nothing: a trace already linked was found
-    # above, and a later naming span's note links its stored spans.
-    genai_batch = any(key or tool or call_id or operation for key, tool, call_id, operation in links)
-    traces = sorted({
-        span.trace_id for span, conversation, (key, _, _, _) in zip(spans, conversations, links)
-        if key or (conversation is None and genai_batch)
-    })
+    results: list[StoredSpans] = []
+    traces: set[str] = set()
+    start = 0
+    for batch in batches:
+        end = start + len(batch.spans)
+        mine = conversations[start:end]
+        # Traces to finish linking from the outbox: those a key just linked (their
+        # children may be stored already), and, in a batch with GenAI spans, those
+        # with a span still unlinked (its naming span may be in a concurrent batch).
+        # A batch of plain spans notes nothing: a trace already linked was found
+        # above, and a later naming span's note links its stored spans.
+        genai_batch = any(key or tool or call_id or operation for key, tool, call_id, operation in batch.links)
+        traces.update(
+            span.trace_id for span, conversation, (key, _, _, _) in zip(batch.spans, mine, batch.links)
+            if key or (conversation is None and genai_batch)
+        )
+        results.append(StoredSpans(
+            inserted if len(batches) == 1 else len(batch.rows),
+            len(batch.spans) - inserted if len(batches) == 1 else 0,
+            tuple(sorted({conversation for conversation in mine if conversation is not None})),
+            sum(1 for _, _, call_id, _ in batch.links if call_id in linked),
+        ))
+        start = end
+    touched = sorted({conversation for conversation in conversations if conversation is not None})
     if inserted and (tool_minutes or traces or touched or any(_has_genai(span) for span in spans)):
-        # Once per batch, after commit (robust there: never a 500 for a committed batch).
-        derivations_enqueue(project_id=project.pk, conversation_ids=touched, minutes=tool_minutes, trace_ids=traces,
-                            rows_from=received_at)
-    return StoredSpans(inserted, len(spans) - inserted, touched, linked)
+        # One note for the batches (after commit the drainer is told; robust there:
+        # never a 500 for a committed batch).
+        derivations_enqueue(project_id=project.pk, conversation_ids=touched, minutes=tool_minutes,
+                            trace_ids=sorted(traces), rows_from=min(batch.received_at for batch in batches))
+    return results
 
 
 # --- attributes -> links ------------------------------------------------------------
@@ -349,9 +381,10 @@ def _rows(
 
 
 def _insert(rows: list[tuple[Any, ...]]) -> int:
-    """Insert the rows, skipping (project, trace_id, span_id) already stored."""
+    """Insert the rows, skipping (project, trace_id, span_id) already stored (on a
+    group's first try, failing instead on PostgreSQL: ``first_try``)."""
     columns = [Span._meta.get_field(name).column for name in _FIELDS]
-    return insert_values_ignoring_conflicts(Span, columns, rows)
+    return insert_values_ignoring_conflicts(Span, columns, rows, optimistic=first_try())
 
 
 # --- tool executions ----------------------------------------------------------------
@@ -376,12 +409,16 @@ def _link_tool_executions(
     spans: Sequence[SpanRow],
     links: Sequence[tuple[str, str, str, str]],
     executions: dict[str, tuple[int, int, int | None]],
-) -> int:
-    """Point the tool executions not linked yet at their span (just inserted)."""
+) -> set[str]:
+    """Point the tool executions not linked yet at their span (just inserted); the
+    tool call ids linked."""
     waiting = {call_id: execution[0] for call_id, execution in executions.items() if execution[2] is None}
     if not waiting:
-        return 0
-    wanted = {call_id: (span.trace_id, span.span_id) for span, (_, _, call_id, _) in zip(spans, links) if call_id in waiting}
+        return set()
+    wanted: dict[str, tuple[str, str]] = {}
+    for span, (_, _, call_id, _) in zip(spans, links):
+        if call_id in waiting:
+            wanted.setdefault(call_id, (span.trace_id, span.span_id))
     trace_ids = sorted({trace_id for trace_id, _ in wanted.values()})
     # The spans were just inserted: their start times bound the query (on PostgreSQL,
     # to the day partitions that hold them).
@@ -397,12 +434,12 @@ def _link_tool_executions(
             ).values_list("id", "trace_id", "span_id")
         )
     span_attname = ToolExecution._meta.get_field("linked_span").attname
-    updates = []
+    updates = {}
     for call_id, ids in wanted.items():
         pk = span_pks.get(ids)
         if pk is not None:
             execution = ToolExecution(id=waiting[call_id])
             setattr(execution, span_attname, pk)
-            updates.append(execution)
-    ToolExecution.objects.bulk_update(updates, ["linked_span"])
-    return len(updates)
+            updates[call_id] = execution
+    ToolExecution.objects.bulk_update(list(updates.values()), ["linked_span"])
+    return set(updates)

@@ -352,7 +352,7 @@ def insert_ignoring_conflicts(model: type[models.Model], rows: Sequence[dict[str
 
 
 def insert_values_ignoring_conflicts(
-    model: type[models.Model], columns: Sequence[str], values: Sequence[Sequence[Any]]
+    model: type[models.Model], columns: Sequence[str], values: Sequence[Sequence[Any]], *, optimistic: bool = False
 ) -> int:
     """INSERT … ON CONFLICT DO NOTHING of rows already adapted to the driver, in
     the caller's transaction; returns the rows inserted.
@@ -363,6 +363,9 @@ def insert_values_ignoring_conflicts(
       formats COPY rows far cheaper than statement parameters; the database
       writes each row once. When the COPY hits a unique constraint the savepoint
       undoes it and the rows go through ``_copy_via_staging``, which skips them.
+      ``optimistic``: no savepoint (two round trips and a subtransaction fewer), for
+      a caller that can run its transaction again: a conflict raises IntegrityError
+      and leaves the transaction to roll back (the group commit's first try).
 
     What ``bulk_create(ignore_conflicts=True)`` does, without its per-row model
     instances and SQL compilation, and without SQLite's 999-parameter batches.
@@ -381,6 +384,9 @@ def insert_values_ignoring_conflicts(
                 f"INSERT INTO {table} ({column_list}) VALUES ({placeholders}) ON CONFLICT DO NOTHING", values
             )
             return max(cursor.rowcount, 0)
+        if optimistic:
+            _copy(cursor, table, column_list, values)
+            return len(values)
         try:
             with transaction.atomic(using=alias):
                 _copy(cursor, table, column_list, values)

@@ -4,6 +4,7 @@ none is answered before its commit."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any, Callable
@@ -12,8 +13,10 @@ import pytest
 from django.db import OperationalError, connection, transaction
 
 from dashboard.ingest import group_commit
-from dashboard.ingest.group_commit import GroupCommit
-from dashboard.observatory.models import Conversation
+from dashboard.ingest.group_commit import GroupCommit, Together, Unmerged
+from dashboard.ingest.otlp import decode_json
+from dashboard.ingest.spans import spans_prepare
+from dashboard.observatory.models import Conversation, Span
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -211,20 +214,20 @@ def test_one_thread_runs_several_writes_as_one_group_each_with_its_outcome(proje
     write fails alone (the group runs again, each alone), the others are stored."""
     committer = GroupCommit()
 
-    outcomes = committer.run_all([(_conversation(project, "a"), 1), (_failing(project, "bad"), 1),
-                                  (_conversation(project, "b"), 1)])
+    outcomes = committer.run_all([(_conversation(project, "a"), 1, None), (_failing(project, "bad"), 1, None),
+                                  (_conversation(project, "b"), 1, None)])
     assert [error is None for _, error in outcomes] == [True, False, True]
     assert isinstance(outcomes[1][1], ValueError) and outcomes[0][0] != outcomes[2][0]
     assert _names(project) == {"a", "b"}
     assert committer.groups == 4  # all three rolled back; then each alone
-    assert committer.run_all([(_conversation(project, name), 1) for name in ("c", "d")])[1][1] is None
+    assert committer.run_all([(_conversation(project, name), 1, None) for name in ("c", "d")])[1][1] is None
     assert committer.groups == 5 and _names(project) == {"a", "b", "c", "d"}
 
 
 def test_one_thread_s_writes_past_the_group_bound_take_several_groups_and_all_finish(project):
     committer = GroupCommit()
     names = [f"w{index}" for index in range(group_commit.MAX_GROUP * 2 + 3)]
-    outcomes = committer.run_all([(_conversation(project, name), 1) for name in names])
+    outcomes = committer.run_all([(_conversation(project, name), 1, None) for name in names])
     assert all(error is None for _, error in outcomes) and len({result for result, _ in outcomes}) == len(names)
     assert committer.groups == 3 and _names(project) == set(names)
     assert not committer._leading and not committer._queue  # the lead is free again
@@ -241,8 +244,81 @@ def test_no_writes_leave_the_lead_free(project):
 def test_a_thread_s_writes_join_the_group_another_thread_leads(project):
     committer = GroupCommit()
     first, first_outcome, release = _leader_holding(committer, project)
-    several = _queued(committer, lambda: committer.run_all([(_conversation(project, name), 1) for name in "bc"]), 2)
+    several = _queued(committer, lambda: committer.run_all([(_conversation(project, name), 1, None) for name in "bc"]), 2)
     single = _queued(committer, lambda: committer.run(_conversation(project, "d")), 3)
     _release(release, (first, first_outcome), several, single)
     assert [error for _, error in several[1]["result"]] == [None, None] and "result" in single[1]
     assert committer.groups == 2 and _names(project) == {"a", "b", "c", "d"}
+
+
+def _together(project: Any, calls: list[list[str]], key: str = "k", *, unmerged: bool = False) -> Any:
+    """A write of several conversations, ``Together`` with the others of ``key``: its
+    merged store creates all the names of its parts in one call (noted in ``calls``),
+    or creates them and raises ``Unmerged`` (a result it cannot split)."""
+    def store(parts: list[str]) -> list[int]:
+        calls.append(list(parts))
+        ids = [_conversation(project, part)() for part in parts]
+        if unmerged and len(parts) > 1:
+            raise Unmerged
+        return ids
+
+    return lambda name: (lambda: store([name])[0], 1, Together(key, name, store))
+
+
+def test_writes_together_of_one_key_are_stored_by_one_call_each_with_its_result(project):
+    committer = GroupCommit()
+    calls: list[list[str]] = []
+    write, other = _together(project, calls), _together(project, calls, key="other")
+    outcomes = committer.run_all([write("a"), (_conversation(project, "x"), 1, None), write("b"), other("c"),
+                                  write("d")])
+    assert [error for _, error in outcomes] == [None] * 5
+    assert calls == [["a", "b", "d"], ["c"]]  # one key's parts merged, in queue order; a lone one alone
+    by_name = dict(Conversation.objects.filter(project=project).values_list("external_id", "pk"))
+    assert [result for result, _ in outcomes] == [by_name[name] for name in "axbcd"]
+    assert committer.groups == 1
+
+
+def test_a_merged_write_that_cannot_split_its_results_runs_each_write_alone(project):
+    """Unmerged (a retried batch among them): the merged rows roll back and each write
+    runs alone in its own transaction, stored once."""
+    committer = GroupCommit()
+    calls: list[list[str]] = []
+    write = _together(project, calls, unmerged=True)
+    outcomes = committer.run_all([write("a"), write("b")])
+    assert [error for _, error in outcomes] == [None, None] and calls == [["a", "b"], ["a"], ["b"]]
+    assert committer.groups == 3
+    assert sorted(Conversation.objects.filter(project=project).values_list("external_id", flat=True)) == ["a", "b"]
+
+
+_NOW = time.time_ns()
+
+
+def _span_batch(project: Any, trace: int, spans: range) -> Any:
+    """A prepared batch of plain spans (``spans_prepare``), ids from the numbers given
+    (a batch sent again is the same spans: the same times too)."""
+    now = _NOW
+    document = {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [
+        {"traceId": f"{trace:032x}", "spanId": f"{span + 1:016x}", "name": f"s{span}",
+         "startTimeUnixNano": str(now), "endTimeUnixNano": str(now + 1000)} for span in spans
+    ]}]}]}
+    return spans_prepare(project=project, spans=decode_json(json.dumps(document).encode()).spans)
+
+
+def test_span_batches_of_a_group_are_one_write_and_a_retried_one_among_them_is_stored_once(project):
+    """Span batches of one project in one group are one merged write; a batch sent
+    again (its spans stored already: on PostgreSQL the first try's COPY fails, on
+    SQLite the merged count is short) makes the group run again, each batch alone:
+    every batch is acknowledged, the retried one with nothing inserted, no span twice."""
+    assert group_commit.pending_store_all([_span_batch(project, 1, range(0, 3))])[0][0].inserted == 3
+    before = group_commit._process.groups
+    outcomes = group_commit.pending_store_all([_span_batch(project, 2, range(0, 4)), _span_batch(project, 3, range(0, 2))])
+    assert [(result.inserted, error) for result, error in outcomes] == [(4, None), (2, None)]
+    assert group_commit._process.groups == before + 1  # one transaction, the two batches one write
+    outcomes = group_commit.pending_store_all([_span_batch(project, 4, range(0, 2)), _span_batch(project, 1, range(0, 3)),
+                                               _span_batch(project, 5, range(0, 1))])
+    assert [(result.inserted, result.duplicates, error) for result, error in outcomes] == [
+        (2, 0, None), (0, 3, None), (1, 0, None)]
+    assert group_commit._process.groups == before + 1 + 4  # the group, rolled back; then each alone
+    alone = group_commit.pending_store_all([_span_batch(project, 1, range(0, 4))])  # one span new, three stored
+    assert [(result.inserted, result.duplicates, error) for result, error in alone] == [(1, 3, None)]
+    assert Span.objects.filter(project=project).count() == 3 + 6 + 3 + 1
