@@ -26,6 +26,19 @@ against 9,400 with SQLite's own wait; 9,900 with this and groups bounded in rows
 Only transactions take it (``atomic``: SQLite's BEGIN IMMEDIATE, which would take
 SQLite's write lock at once anyway); a statement in autocommit mode still waits
 with SQLite's busy handler. In-memory databases have no file and no queue.
+
+With ``synchronous=FULL`` (the default, ``SQLITE_SYNCHRONOUS``) a transaction's
+commit is synced to disk, as SQLite does it, but after the write lock is released:
+SQLite syncs the write-ahead log inside its commit, holding the lock for the disk's
+flush (2.3 ms a commit here), during which no other process may write. A
+transaction here commits with ``synchronous=NORMAL`` (the frames written to the
+log, not synced) and releases the lock, then syncs the log file itself
+(``fdatasync``) before ``commit()`` returns: the commit is on disk before anything
+is acknowledged, and the next writer's turn overlaps the flush. The flush covers
+every frame written to the file so far (another process's too), and SQLite's
+checkpoints still sync the log before copying it and the database after. 10-span
+batches from 16 senders: N → M requests/s. Statements in autocommit mode keep
+SQLite's own FULL.
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from django.db.backends.sqlite3 import base as sqlite3_base
 from django.db.backends.sqlite3.creation import DatabaseCreation
@@ -131,8 +144,21 @@ def writers(database: str) -> Optional[tuple[QueuedFileLock, _FirstMarker]]:
         return found
 
 
+_FULL = 2  # PRAGMA synchronous: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA
+
+
 class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
     _writer: Optional[QueuedFileLock] = None  # the queue whose lock this connection's transaction holds
+    _wal: Optional[str] = None  # the log this connection's commits sync after the lock (synchronous FULL, a file)
+    _unsynced = False  # this connection's transaction commits with synchronous=NORMAL
+
+    def get_new_connection(self, conn_params: Any) -> Any:
+        conn = super().get_new_connection(conn_params)
+        name = str(self.settings_dict["NAME"])
+        self._wal, self._unsynced = None, False
+        if writers(name) is not None and conn.execute("PRAGMA synchronous").fetchone()[0] == _FULL:
+            self._wal = f"{name}-wal"
+        return conn
 
     def _start_transaction_under_autocommit(self) -> None:
         found = writers(str(self.settings_dict["NAME"]))
@@ -148,6 +174,9 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
                 raise OperationalError("database is locked (no turn among the writers in time)")
             self._writer = queue
         try:
+            if self._wal is not None:
+                self.connection.execute("PRAGMA synchronous = NORMAL")
+                self._unsynced = True
             super()._start_transaction_under_autocommit()
         except BaseException:
             self._release_writer()
@@ -157,12 +186,30 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
         queue, self._writer = self._writer, None
         if queue is not None:
             queue.release()
+        if self._unsynced:
+            self._unsynced = False
+            if self.connection is not None:
+                self.connection.execute("PRAGMA synchronous = FULL")
 
     def _commit(self) -> None:
+        unsynced = self._unsynced
         try:
             super()._commit()
         finally:
             self._release_writer()
+        if unsynced:
+            self._sync_wal()
+
+    def _sync_wal(self) -> None:
+        """Flush the write-ahead log to disk (what SQLite's FULL does inside the commit)."""
+        try:
+            fd = os.open(self._wal, os.O_RDONLY | os.O_CLOEXEC)  # type: ignore[arg-type]
+        except FileNotFoundError:
+            return  # no log: checkpointed into the database and synced
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def _rollback(self) -> None:
         try:
@@ -171,6 +218,7 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
             self._release_writer()
 
     def _close(self) -> None:
+        self._unsynced = False  # (a setting of the connection closed)
         try:
             super()._close()
         finally:

@@ -235,3 +235,74 @@ def test_the_marker_holds_a_writer_back_at_most_its_limit(tmp_path):
         started = time.monotonic()
         marker.wait_clear(0.3)
         assert 0.25 < time.monotonic() - started < 2
+
+
+def _sqlite_file_only() -> None:
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite only")
+
+
+def _synchronous() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA synchronous")
+        return cursor.fetchone()[0]
+
+
+def _spied_syncs(monkeypatch) -> list[tuple[str, str]]:
+    """What happens, in order: the writer lock let go, and each file synced (the
+    real calls run: spies, not fakes)."""
+    events: list[tuple[str, str]] = []
+    fdatasync, release = sqlite_base.os.fdatasync, QueuedFileLock.release
+
+    def spy_sync(fd: int) -> None:
+        events.append(("sync", sqlite_base.os.readlink(f"/proc/self/fd/{fd}")))
+        fdatasync(fd)
+
+    def spy_release(self: QueuedFileLock) -> None:
+        events.append(("released", ""))
+        release(self)
+
+    monkeypatch.setattr(sqlite_base.os, "fdatasync", spy_sync)
+    monkeypatch.setattr(QueuedFileLock, "release", spy_release)
+    return events
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_s_commit_is_synced_to_disk_after_the_writer_lock_is_let_go(monkeypatch, project):
+    """synchronous=FULL: the log is flushed before commit() returns, but outside the
+    lock; the connection is FULL again for statements in autocommit mode."""
+    _sqlite_file_only()
+    from dashboard.observatory.models import Conversation
+
+    connection.ensure_connection()
+    assert _synchronous() == 2
+    events = _spied_syncs(monkeypatch)
+    with transaction.atomic():
+        assert _synchronous() == 1  # SQLite does not sync inside the commit...
+        Conversation.objects.create(project=project, external_id="synced")
+    wal = f"{connection.settings_dict['NAME']}-wal"
+    assert events == [("released", ""), ("sync", wal)]  # ...the commit syncs once the lock is let go
+    assert _synchronous() == 2
+    events.clear()
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            Conversation.objects.create(project=project, external_id="rolled back")
+            raise RuntimeError
+    assert events == [("released", "")] and _synchronous() == 2  # a rollback has nothing to sync
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_synchronous_normal_a_commit_is_not_synced(monkeypatch, project):
+    _sqlite_file_only()
+    from dashboard.observatory.models import Conversation
+
+    options = connection.settings_dict["OPTIONS"]
+    monkeypatch.setitem(options, "init_command", options["init_command"].replace("synchronous=FULL", "synchronous=NORMAL"))
+    connection.close()
+    try:
+        events = _spied_syncs(monkeypatch)
+        with transaction.atomic():
+            Conversation.objects.create(project=project, external_id="not synced")
+        assert events == [("released", "")] and _synchronous() == 1
+    finally:
+        connection.close()  # the next test's connection is FULL again
