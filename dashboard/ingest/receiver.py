@@ -34,6 +34,14 @@ Processes: ``serve`` binds the port, forks OBSERVATORY_OTLP_HTTP_PROCESSES
 children that share it (one a core: each is one thread of Python) and starts
 a new one when one dies. SIGTERM or SIGINT stops them gracefully: no new
 connections, the requests read are stored and answered, then the process exits.
+
+The children share the connections evenly (``Balance``). Left to asyncio, the
+child that woke first took every connection waiting (up to a hundred at a time):
+16 senders connecting together gave one child 14 to 16 of them and left the other
+core idle, at half the requests/s. Each child publishes how many connections it
+has (a slot of shared memory); one that has more than the least loaded leaves a
+new connection to the others, and takes it itself only if nobody did within
+``BALANCE_WAIT`` (the others busy storing, or dead).
 """
 
 from __future__ import annotations
@@ -42,13 +50,14 @@ import asyncio
 import contextvars
 import ctypes
 import logging
+import mmap
 import os
 import signal
 import socket
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Callable
 
 import httptools
 from django.conf import settings
@@ -112,6 +121,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.receiver.connections.add(self)
+        self.receiver.on_connections()
         if len(self.receiver.connections) > self.receiver.max_connections:
             self._refuse(503, "too many connections, retry later", retry_after=1)
             return
@@ -121,6 +131,7 @@ class Connection(asyncio.Protocol):
         self.closing = True
         self._disarm()
         self.receiver.connections.discard(self)
+        self.receiver.on_connections()
         self._free(self.held)
 
     def data_received(self, data: bytes) -> None:
@@ -334,6 +345,7 @@ class Receiver:
         # budget (a chunk past it is refused, 503, or 413 when its request alone is larger).
         self.memory_budget = settings.OBSERVATORY_INGEST_MEMORY_BYTES
         self.held = 0
+        self.on_connections: Callable[[], None] = lambda: None  # told when a connection opens or closes
 
     def protocol(self) -> Connection:
         return Connection(self)
@@ -387,6 +399,98 @@ class Receiver:
             await asyncio.sleep(0.05)
 
 
+BALANCE_WAIT = 0.01  # seconds a child with more connections than another leaves a new one to the others
+ACCEPT_AT_ONCE = 16  # connections a child accepts in one turn of its loop, at most
+
+
+class Balance:
+    """How many connections each child has: one int64 slot a child in shared memory
+    (mapped before the fork), written by its child only."""
+
+    def __init__(self, processes: int) -> None:
+        self._memory = mmap.mmap(-1, 8 * processes)
+        self._counts = (ctypes.c_int64 * processes).from_buffer(self._memory)
+        self.slot = -1  # this child's, once forked
+
+    def take(self, slot: int) -> None:
+        """In a newly forked child: its slot, starting at 0 (a dead child's may be stale)."""
+        self.slot = slot
+        self._counts[slot] = 0
+
+    def publish(self, count: int) -> None:
+        self._counts[self.slot] = count
+
+    def least_loaded(self) -> bool:
+        """Whether no other child has fewer connections than this one."""
+        own = self._counts[self.slot]
+        return all(own <= count for count in self._counts)
+
+
+class _Acceptor:
+    """Accepts the listening socket's connections for ``receiver``; with a ``balance``,
+    only as the least loaded child (else after BALANCE_WAIT)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, receiver: Receiver,
+                 balance: Balance | None) -> None:
+        self.loop, self.sock, self.receiver, self.balance = loop, sock, receiver, balance
+        self.deferred: asyncio.TimerHandle | None = None
+        self.pending = 0  # accepted, not yet made into a connection
+        self.closed = False
+
+    def start(self) -> None:
+        self.loop.add_reader(self.sock, self._ready)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.deferred is not None:
+            self.deferred.cancel()
+        else:
+            self.loop.remove_reader(self.sock)
+
+    def publish(self) -> None:
+        if self.balance is not None:
+            self.balance.publish(len(self.receiver.connections) + self.pending)
+
+    def _ready(self) -> None:
+        if self.balance is None or self.balance.least_loaded():
+            self._accept(until_loaded=self.balance is not None)
+            return
+        self.loop.remove_reader(self.sock)  # no new turn for it until the wait is over
+        self.deferred = self.loop.call_later(BALANCE_WAIT, self._after_wait)
+
+    def _after_wait(self) -> None:
+        self.deferred = None
+        if self.closed:
+            return
+        self._accept(until_loaded=False, at_most=1)  # nobody else took it: this child does
+        self.loop.add_reader(self.sock, self._ready)
+
+    def _accept(self, *, until_loaded: bool, at_most: int = ACCEPT_AT_ONCE) -> None:
+        for _ in range(at_most):
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return  # none waiting (another child took it)
+            except OSError as exc:  # out of descriptors, ...: the connection waits in the backlog
+                logger.warning("OTLP/HTTP receiver could not accept a connection: %s", exc)
+                return
+            conn.setblocking(False)
+            self.pending += 1
+            self.publish()
+            self.loop.create_task(self._connect(conn))
+            if until_loaded and not self.balance.least_loaded():  # type: ignore[union-attr]
+                return
+
+    async def _connect(self, conn: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(self.receiver.protocol, sock=conn)
+        except OSError:
+            conn.close()
+        finally:
+            self.pending -= 1
+            self.publish()
+
+
 def allow_blocking_database() -> None:
     """Let the loop's thread use the ORM. Django refuses it in a thread that runs an
     event loop, for fear of blocking other tasks; here blocking the loop while a
@@ -395,16 +499,19 @@ def allow_blocking_database() -> None:
 
 
 async def serve_socket(sock: socket.socket, stop: asyncio.Event, *, grace: float = 10.0,
-                       receiver: Receiver | None = None) -> None:
+                       receiver: Receiver | None = None, balance: Balance | None = None) -> None:
     """Serve the listening ``sock`` in this process until ``stop`` is set, then stop
-    gracefully (see the module's text); with ``receiver`` (made on this loop), as it."""
+    gracefully (see the module's text); with ``receiver`` (made on this loop), as it;
+    with ``balance``, sharing the connections evenly with the other children."""
     loop = asyncio.get_running_loop()
     receiver = receiver or Receiver(loop)
-    server = await loop.create_server(receiver.protocol, sock=sock, backlog=1024)
+    acceptor = _Acceptor(loop, sock, receiver, balance)
+    receiver.on_connections = acceptor.publish
+    acceptor.start()
     try:
         await stop.wait()
     finally:
-        server.close()
+        acceptor.close()
         receiver.stop()
         await receiver.drained(grace)
         for connection in list(receiver.connections):
@@ -426,7 +533,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _child(sock: socket.socket, grace: float) -> None:
+def _child(sock: socket.socket, grace: float, balance: Balance) -> None:
     """A forked process: serve until SIGTERM/SIGINT, then exit."""
     allow_blocking_database()
     async def main() -> None:
@@ -434,7 +541,7 @@ def _child(sock: socket.socket, grace: float) -> None:
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await serve_socket(sock, stop, grace=grace)
+        await serve_socket(sock, stop, grace=grace, balance=balance)
 
     asyncio.run(main())
     background_stop()  # the derivations this process started finish their turn
@@ -448,8 +555,9 @@ def serve(host: str, port: int, *, processes: int, grace: float = 10.0, ready: A
     if ready is not None:
         ready(sock.getsockname()[1])
     connections.close_all()  # none may cross the fork
+    balance = Balance(processes)
     stopping = False
-    children: set[int] = set()
+    children: dict[int, int] = {}  # pid -> its slot in the balance
 
     def stop(*_: Any) -> None:
         nonlocal stopping
@@ -462,20 +570,22 @@ def serve(host: str, port: int, *, processes: int, grace: float = 10.0, ready: A
         while True:
             while not stopping and len(children) < processes:
                 parent = os.getpid()
+                slot = min(set(range(processes)) - set(children.values()))
                 pid = os.fork()
                 if pid == 0:
                     for signum, handler in previous.items():
                         signal.signal(signum, handler)
                     _stop_with_parent(parent)
+                    balance.take(slot)
                     code = 0
                     try:
-                        _child(sock, grace)
+                        _child(sock, grace, balance)
                     except BaseException:  # noqa: BLE001 - a child never returns into the parent's code
                         logger.exception("OTLP/HTTP receiver process failed")
                         code = 1
                     finally:
                         os._exit(code)
-                children.add(pid)
+                children[pid] = slot
             if not children:
                 return
             try:
@@ -484,7 +594,7 @@ def serve(host: str, port: int, *, processes: int, grace: float = 10.0, ready: A
                 return
             except InterruptedError:
                 continue
-            children.discard(pid)
+            children.pop(pid, None)
             if not stopping:
                 logger.warning("OTLP/HTTP receiver process %d ended (status %d); starting another", pid, status)
                 time.sleep(0.5)  # a child that cannot start must not spin the parent

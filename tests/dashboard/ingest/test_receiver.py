@@ -8,6 +8,7 @@ exporters are in test_interop_python.py / test_interop_js.py and below."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import gzip
 import http.client
 import json
@@ -51,9 +52,11 @@ class Running:
     """serve_socket on a thread of its own (limits as the settings are now), stopped
     gracefully at the end."""
 
-    def __init__(self, monkeypatch) -> None:
+    def __init__(self, monkeypatch, *, sock: socket.socket | None = None,
+                 balance: receiver_module.Balance | None = None) -> None:
         monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # what the served process sets for itself
-        self.sock = receiver_module.listening_socket("127.0.0.1", 0)
+        self.sock = sock or receiver_module.listening_socket("127.0.0.1", 0)
+        self.balance = balance
         self.port = self.sock.getsockname()[1]
         self.loop = asyncio.new_event_loop()
         self.stop = asyncio.Event()
@@ -64,7 +67,8 @@ class Running:
     def _run(self) -> None:
         try:
             self.loop.run_until_complete(
-                receiver_module.serve_socket(self.sock, self.stop, grace=5, receiver=self.receiver))
+                receiver_module.serve_socket(self.sock, self.stop, grace=5, receiver=self.receiver,
+                                             balance=self.balance))
         finally:
             connection.close()
 
@@ -461,3 +465,48 @@ def test_json_refusals_are_json(served):
     status, headers, body = post(served.port, b"{}", None, content_type="application/json")
     assert (status, headers["content-type"]) == (401, "application/json")
     assert json.loads(body)["message"] == "missing API key"
+
+
+def _balance_views(processes: int) -> list[receiver_module.Balance]:
+    """One Balance as each of ``processes`` children sees it (its own slot, the counts shared)."""
+    shared = receiver_module.Balance(processes)
+    views = [copy.copy(shared) for _ in range(processes)]
+    for slot, view in enumerate(views):
+        view.take(slot)
+    return views
+
+
+def _until(condition, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_children_share_connections_that_arrive_together_evenly(monkeypatch):
+    """16 senders connecting at once: each of two children gets about half (asyncio's
+    own accept gave the first child to wake nearly all)."""
+    sock = receiver_module.listening_socket("127.0.0.1", 0)
+    children = [Running(monkeypatch, sock=sock, balance=view) for view in _balance_views(2)]
+    senders = [socket.create_connection(("127.0.0.1", children[0].port), timeout=10) for _ in range(16)]
+    try:
+        _until(lambda: sum(len(child.receiver.connections) for child in children) == 16, "16 connections")
+        assert sorted(len(child.receiver.connections) for child in children)[0] >= 6
+    finally:
+        for sender in senders:
+            sender.close()
+        for child in children:
+            child.close()
+
+
+def test_a_child_takes_the_connections_a_busy_or_dead_one_leaves(monkeypatch, key):
+    """The other child (its slot says no connections) never accepts: after the wait,
+    this one takes each connection itself, and serves it."""
+    sock = receiver_module.listening_socket("127.0.0.1", 0)
+    alone, _ = _balance_views(2)
+    child = Running(monkeypatch, sock=sock, balance=alone)
+    try:
+        statuses = [post(child.port, ExportTraceServiceRequest().SerializeToString(), key)[0] for _ in range(5)]
+        assert statuses == [200] * 5
+    finally:
+        child.close()
