@@ -42,7 +42,6 @@ import argparse
 import http.client
 import json
 import os
-import queue
 import random
 import secrets
 import shutil
@@ -51,7 +50,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -63,7 +61,7 @@ from typing import Any, Callable, Iterator
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from benchmarks import run_threads
+from benchmarks.http_load import post_all
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -381,59 +379,21 @@ def peak_rss_kib(pids: list[int]) -> int:
 def send_all(
     port: int, path: str, content_type: str, key: str, bodies: list[bytes], clients: int, *, expect: int = 200
 ) -> tuple[float, int, int]:
-    """Send every body from ``clients`` threads over keep-alive connections.
+    """Send every body over ``clients`` keep-alive connections, one request in flight
+    on each (``benchmarks.http_load``: one thread, so the load costs the 2 cores little).
 
     429/503 are retried after their Retry-After, as an OTLP exporter does.
     Returns (seconds until the last acknowledgement, retries, failures).
     """
-    work: queue.Queue[bytes] = queue.Queue()
-    for body in bodies:
-        work.put(body)
-    counters: dict[str, int] = {"retries": 0, "failures": 0, "429": 0, "503": 0}
-    first_failure: list[str] = []
-    lock = threading.Lock()
-    deadline = time.monotonic() + RUN_DEADLINE
-    headers = {"Content-Type": content_type, "Authorization": f"Bearer {key}"}
-
-    def client() -> None:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT)
-        while time.monotonic() < deadline:
-            try:
-                body = work.get_nowait()
-            except queue.Empty:
-                break
-            while time.monotonic() < deadline:
-                try:
-                    connection.request("POST", path, body=body, headers=headers)
-                    response = connection.getresponse()
-                    response.content = response.read()  # type: ignore[attr-defined]
-                except (OSError, http.client.HTTPException):
-                    connection.close()
-                    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT)
-                    with lock:
-                        counters["retries"] += 1
-                    continue
-                if response.status in (429, 503):
-                    with lock:
-                        counters["retries"] += 1
-                        counters[str(response.status)] += 1
-                    time.sleep(float(response.getheader("Retry-After", "1")))
-                    continue
-                if response.status != expect:
-                    with lock:
-                        counters["failures"] += 1
-                        if not first_failure:
-                            first_failure.append(f"{path}: HTTP {response.status} {body_text(response)}")
-                break
-        connection.close()
-
-    elapsed = run_threads([client] * clients)
-    if first_failure:
-        print(f"  first failure: {first_failure[0]}", flush=True)
-    if counters["retries"]:
-        print(f"  {path}: retried {counters['retries']} (429: {counters['429']}, 503: {counters['503']}, "
-              f"connection: {counters['retries'] - counters['429'] - counters['503']})", flush=True)
-    return elapsed, counters["retries"], counters["failures"]
+    outcome = post_all(port, path, content_type, key, bodies, clients, expect=expect,
+                       request_timeout=REQUEST_TIMEOUT, run_deadline=RUN_DEADLINE)
+    if outcome.first_failure:
+        print(f"  first failure: {outcome.first_failure}", flush=True)
+    if outcome.retries:
+        refused = sum(outcome.statuses.values())
+        print(f"  {path}: retried {outcome.retries} (429: {outcome.statuses.get(429, 0)}, "
+              f"503: {outcome.statuses.get(503, 0)}, connection: {outcome.retries - refused})", flush=True)
+    return outcome.seconds, outcome.retries, outcome.failures
 
 
 def warm_up(port: int, key: str, *, clients: int, records: bool = True) -> None:
