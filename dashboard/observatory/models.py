@@ -210,8 +210,10 @@ class Span(models.Model):
     ``id`` (one sequence) as the pk.
     """
 
-    # project leads the unique constraint and span_project_time: no index of its own.
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="spans", db_index=False)
+    # project leads the unique constraint and span_project_time: no index of its own. No
+    # database constraint on PostgreSQL (checked for every span stored: migration 0018).
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="spans", db_index=False,
+                                db_constraint=False)
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)
     parent_span_id = models.CharField(max_length=16, blank=True)

@@ -49,3 +49,26 @@ def test_the_hours_rolled_up_before_minute_slices_are_recomputed_into_slices(pro
     assert dict(ToolHourlyRollup.objects.values_list("hour", "calls")) == {hour: 3 for hour in hours}
     assert ToolMinuteRollup.objects.filter(tool_name="search").count() == 6  # and a mark per minute recomputed
     assert ToolExecution.objects.count() == 6
+
+
+def _span_project_constraints() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname FROM pg_constraint WHERE contype = 'f' AND conrelid = 'observatory_span'::regclass "
+            "AND confrelid = 'accounts_project'::regclass"
+        )
+        return [name for (name,) in cursor.fetchall()]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_spans_have_no_project_constraint_on_postgresql_and_it_comes_back_when_migrated_back(project):
+    """0018: the constraint checked at every span's insert is dropped; migrating back adds it again."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite keeps its table as it is")
+    assert _span_project_constraints() == []
+    try:
+        migrate("0017_trace_conversations")
+        assert len(_span_project_constraints()) == 1
+    finally:
+        migrate()
+    assert _span_project_constraints() == []
