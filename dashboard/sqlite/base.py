@@ -152,6 +152,7 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
     _writer: Optional[QueuedFileLock] = None  # the queue whose lock this connection's transaction holds
     _wal: Optional[str] = None  # the log this connection's commits sync after the lock (synchronous FULL, a file)
     _unsynced = False  # this connection's transaction commits with synchronous=NORMAL
+    _changes = 0  # the connection's total_changes when its transaction began
 
     def get_new_connection(self, conn_params: Any) -> Any:
         conn = super().get_new_connection(conn_params)
@@ -178,6 +179,7 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
             if self._wal is not None:
                 self.connection.execute("PRAGMA synchronous = NORMAL")
                 self._unsynced = True
+                self._changes = self.connection.total_changes
             super()._start_transaction_under_autocommit()
         except BaseException:
             self._release_writer()
@@ -193,7 +195,8 @@ class DatabaseWrapper(sqlite3_base.DatabaseWrapper):
                 self.connection.execute("PRAGMA synchronous = FULL")
 
     def _commit(self) -> None:
-        unsynced = self._unsynced
+        # (a transaction that changed no row wrote nothing to sync: a page's read)
+        unsynced = self._unsynced and self.connection.total_changes != self._changes
         try:
             super()._commit()
         finally:

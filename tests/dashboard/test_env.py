@@ -36,7 +36,9 @@ def test_it_lets_sqlite_trade_durability_for_speed(monkeypatch, tmp_path):
     assert "synchronous=NORMAL" in env.database("DATABASE_URL", tmp_path)["OPTIONS"]["init_command"]
 
 
-def test_it_applies_the_synchronous_choice_to_the_connection(db):
+def test_it_applies_the_synchronous_choice_to_the_connection(transactional_db):
+    # Outside a transaction: inside one it is NORMAL and the commit syncs after the
+    # lock (test_sqlite_writers.py).
     from django.db import connection
 
     if connection.vendor != "sqlite":

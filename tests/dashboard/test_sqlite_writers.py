@@ -289,6 +289,10 @@ def test_a_transaction_s_commit_is_synced_to_disk_after_the_writer_lock_is_let_g
             Conversation.objects.create(project=project, external_id="rolled back")
             raise RuntimeError
     assert events == [("released", "")] and _synchronous() == 2  # a rollback has nothing to sync
+    events.clear()
+    with transaction.atomic():
+        assert Conversation.objects.filter(external_id="synced").exists()
+    assert events == [("released", "")]  # nor a transaction that changed no row
 
 
 @pytest.mark.django_db(transaction=True)
