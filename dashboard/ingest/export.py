@@ -20,7 +20,7 @@ from django.db import OperationalError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from .common import IngestError, authenticate_header, busy_error, derivations_keep_up, ingest_gate
+from .common import IngestError, authenticate_deferred, busy_error, derivations_keep_up, ingest_gate, key_check_run
 from .group_commit import Pending, pending_store, pending_store_all
 from .logs import logs_prepare
 from .otlp import JSON, OtlpDecodeError, OtlpTooManySpans, decode_request
@@ -99,13 +99,14 @@ def otlp_export_all(requests: Sequence[ExportRequest]) -> list[ExportOutcome | B
     once they committed: an ExportOutcome, an IngestError (a database error is the
     503 ``database_errors_as_busy`` makes of it), or the exception a write raised."""
     prepared: list[_Prepared | BaseException] = []
-    # A key is checked once for the requests that came together (a revocation holds from
-    # the next group on, milliseconds later); one that fails is checked again each time.
+    # A key is authenticated once for the requests that came together; one seen before
+    # is then checked by the group's span write, in its transaction (once a key), and
+    # one that fails is tried again by each request.
     keys: dict[str, Any] = {}
 
     def authenticate(header: str) -> Any:
         if header not in keys:
-            keys[header] = authenticate_header(header)
+            keys[header] = authenticate_deferred(header)
         return keys[header]
 
     for request in requests:
@@ -144,15 +145,18 @@ class _Prepared:
         return ExportOutcome(self.signal, self.accepted, stored.inserted, self.rejected, self.error_message)
 
 
-def _prepare(request: ExportRequest, authenticate: Callable[[str], Any] = authenticate_header) -> _Prepared:
-    """Inside the gate: authenticate, read, decode, and prepare the write."""
-    project, _ = authenticate(request.authorization)
+def _prepare(request: ExportRequest, authenticate: Callable[[str], Any] = authenticate_deferred) -> _Prepared:
+    """Inside the gate: authenticate, read, decode, and prepare the write. A key seen
+    before is checked by the span writes, in their transaction (``authenticate_deferred``)."""
+    project, _, check = authenticate(request.authorization)
+    if check is not None and request.signal != TRACES:
+        key_check_run(check)
     derivations_keep_up()
     body = request.read_body()
     if request.signal == TRACES:
         batch = _decoded(decode_request, body, request.content_type, OtlpTooManySpans)
         return _Prepared(TRACES, len(batch.spans), batch.rejected, batch.error_message,
-                         spans_prepare(project=project, spans=batch.spans))
+                         spans_prepare(project=project, spans=batch.spans, key_check=check))
     if request.signal == LOGS:
         batch = _decoded(decode_logs_request, body, request.content_type, OtlpTooManyLogs)
         return _Prepared(LOGS, len(batch.logs), batch.rejected, batch.error_message,

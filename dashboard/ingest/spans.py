@@ -55,9 +55,11 @@ from dashboard.observatory.services import (
     derivations_enqueue,
     insert_values_ignoring_conflicts,
     json_text,
+    read_together,
 )
-from dashboard.observatory.trace_links import trace_conversations_find, trace_conversations_record
+from dashboard.observatory.trace_links import trace_conversations_find, trace_conversations_record, trace_conversations_sql
 
+from .common import IngestError, KeyCheck, key_check_outcome, key_checks_sql
 from .group_commit import Pending, Together, Unmerged, first_try, pending_store
 from .otlp import TRUNCATION_MARKER, SpanRow
 
@@ -126,11 +128,13 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
     return pending_store(spans_prepare(project=project, spans=spans))
 
 
-def spans_prepare(*, project: Project, spans: Sequence[SpanRow]) -> Pending[StoredSpans]:
+def spans_prepare(*, project: Project, spans: Sequence[SpanRow], key_check: KeyCheck | None = None
+                  ) -> Pending[StoredSpans]:
     """What ``spans_store`` does before its transaction: the rows and the links; the
     write itself is left to run in a group transaction (``pending_store``, or
     ``pending_store_all`` with other requests), as one with the group's other span
-    batches of the project (``Together``)."""
+    batches of the project (``Together``). ``key_check``: the sender's key, checked
+    by the write before it stores anything (``authenticate_deferred``)."""
     if not spans:
         return Pending(None, 0, StoredSpans(0, 0, (), 0))
     resource_keys: dict[int, bool] = {}  # id(resource) -> holds a key of the conventions table
@@ -138,7 +142,7 @@ def spans_prepare(*, project: Project, spans: Sequence[SpanRow]) -> Pending[Stor
     # Built before the transaction: on SQLite it holds the write lock, so the
     # JSON encoding should not happen while the other workers wait for it.
     received_at = dj_timezone.now()
-    part = _Batch(project, spans, links, _rows(project.pk, spans, links, received_at), received_at)
+    part = _Batch(project, spans, links, _rows(project.pk, spans, links, received_at), received_at, key_check)
     return Pending(lambda: _spans_write([part])[0], len(part.rows), StoredSpans(0, 0, (), 0),
                    Together(("spans", project.pk), part, _spans_write))
 
@@ -152,18 +156,26 @@ class _Batch:
     links: list[tuple[str, str, str, str]]
     rows: list[tuple[Any, ...]]
     received_at: datetime
+    key_check: KeyCheck | None
 
 
 def _spans_write(batches: list[_Batch]) -> list[StoredSpans]:
     """The writes of one or more batches of one project, inside the (group)
-    transaction, as one: one lookup of their traces, one insert, one derivation
-    note. May run twice (see ingest.group_commit); raises ``Unmerged`` when some of
-    several batches' spans were stored already (how many of each is not known)."""
+    transaction, as one: one read of their keys and traces, one insert, one
+    derivation note. May run twice (see ingest.group_commit); raises ``Unmerged``
+    when some of several batches' spans were stored already (how many of each is
+    not known) or a key failed its check (the batches run alone: that key's are
+    refused, 401, the others stored); a lone batch whose key fails raises its 401."""
     project = batches[0].project
     spans = [span for batch in batches for span in batch.spans]
     links = [link for batch in batches for link in batch.links]
     rows = [row for batch in batches for row in batch.rows]
-    stored = _stored_trace_conversations(project, spans, links)
+    checks = list({batch.key_check.key_id: batch.key_check for batch in batches if batch.key_check}.values())
+    stored, refused = _keys_and_traces(project, spans, links, checks)
+    if refused is not None:
+        if len(batches) > 1:
+            raise Unmerged from refused
+        raise refused
     by_key = _conversations_for(project, spans, links)
     executions = _tool_executions_for(project, links)
     conversations = _conversation_per_span(spans, links, by_key, executions, stored)
@@ -285,20 +297,31 @@ def _conversation_per_span(
     return conversations
 
 
-def _stored_trace_conversations(
-    project: Project, spans: Sequence[SpanRow], links: Sequence[tuple[str, str, str, str]]
-) -> dict[str, int]:
-    """trace_id -> conversation recorded for it (``TraceConversation``), for the
-    batch's traces that no span of the batch names: one probe of that table's
-    unique key per trace, none when every trace is named. Not bounded by time: a
-    batch of plain spans notes nothing for the outbox, so a trace named days
-    before is found here or not at all."""
+def _keys_and_traces(
+    project: Project, spans: Sequence[SpanRow], links: Sequence[tuple[str, str, str, str]], checks: list[KeyCheck]
+) -> tuple[dict[str, int], IngestError | None]:
+    """The senders' keys checked (the first refusal, if any) and, for the batch's
+    traces that no span of the batch names, the conversation recorded for each
+    (``TraceConversation``: one probe of its unique key a trace, none when every
+    trace is named). Not bounded by time: a batch of plain spans notes nothing for
+    the outbox, so a trace named days before is found here or not at all. On
+    PostgreSQL the key and the first 500 traces are one round trip (two statements
+    sent as one query)."""
     named = {span.trace_id for span, (key, _, call_id, _) in zip(spans, links) if key or call_id}
     unnamed = sorted({span.trace_id for span in spans} - named)
-    found: dict[str, int] = {}
-    for start in range(0, len(unnamed), _LOOKUP_CHUNK):
-        found.update(trace_conversations_find(project_id=project.pk, trace_ids=unnamed[start:start + _LOOKUP_CHUNK]))
-    return found
+    queries = [key_checks_sql(checks)] if checks else []
+    if unnamed:
+        queries.append(trace_conversations_sql(project_id=project.pk, trace_ids=unnamed[:_LOOKUP_CHUNK]))
+    results = read_together(queries)
+    refused = None
+    if checks:
+        found = {row[0]: row for row in results.pop(0)}
+        for check in checks:
+            refused = key_check_outcome(check, found.get(check.key_id), in_write=True) or refused
+    stored: dict[str, int] = dict(results.pop(0)) if unnamed else {}
+    for start in range(_LOOKUP_CHUNK, len(unnamed), _LOOKUP_CHUNK):
+        stored.update(trace_conversations_find(project_id=project.pk, trace_ids=unnamed[start:start + _LOOKUP_CHUNK]))
+    return stored, refused
 
 
 def _record_traces(

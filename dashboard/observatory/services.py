@@ -330,6 +330,28 @@ def _adapter(field: models.Field, connection: Any) -> Any:
     return lambda value: field.get_db_prep_save(value, connection)
 
 
+def read_together(queries: Sequence[tuple[str, Sequence[Any]]], using: str = "default") -> list[list[tuple[Any, ...]]]:
+    """The rows of each query (sql, params), in order. On PostgreSQL they go as one
+    query string (the simple protocol: Django's psycopg cursor binds parameters
+    client-side), one round trip for all; SQLite runs one statement at a time, each
+    a local read."""
+    if not queries:
+        return []
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if connection.vendor != "postgresql" or len(queries) == 1:
+            results = []
+            for sql, params in queries:
+                cursor.execute(sql, params)
+                results.append(cursor.fetchall())
+            return results
+        cursor.execute("; ".join(sql for sql, _ in queries), [value for _, params in queries for value in params])
+        results = [cursor.fetchall()]
+        while cursor.nextset():
+            results.append(cursor.fetchall())
+        return results
+
+
 def insert_ignoring_conflicts(model: type[models.Model], rows: Sequence[dict[str, Any]]) -> int:
     """Insert rows given as {attname: Python value} (columns left out take their
     default), skipping those that hit a unique constraint; returns how many were

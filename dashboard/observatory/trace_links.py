@@ -46,8 +46,14 @@ def trace_conversations_find(*, project_id: int, trace_ids: Sequence[str]) -> di
         return {}
     connection = connections[router.db_for_read(TraceConversation)]
     with connection.cursor() as cursor:
-        cursor.execute(_trace_query(len(trace_ids)), [project_id, *trace_ids])
+        cursor.execute(*trace_conversations_sql(project_id=project_id, trace_ids=trace_ids))
         return dict(cursor.fetchall())
+
+
+def trace_conversations_sql(*, project_id: int, trace_ids: Sequence[str]) -> tuple[str, list[object]]:
+    """The query of ``trace_conversations_find`` (rows: trace_id, conversation id), to
+    send with others (``services.read_together``)."""
+    return _trace_query(len(trace_ids)), [project_id, *trace_ids]
 
 
 @functools.lru_cache(maxsize=64)

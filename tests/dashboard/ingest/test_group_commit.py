@@ -322,3 +322,34 @@ def test_span_batches_of_a_group_are_one_write_and_a_retried_one_among_them_is_s
     alone = group_commit.pending_store_all([_span_batch(project, 1, range(0, 4))])  # one span new, three stored
     assert [(result.inserted, result.duplicates, error) for result, error in alone] == [(1, 3, None)]
     assert Span.objects.filter(project=project).count() == 3 + 6 + 3 + 1
+
+
+def test_a_key_revoked_after_its_first_use_fails_its_batch_alone_in_a_merged_group(project):
+    """A key seen before is checked by the span write itself (one read with the traces'
+    lookup): revoked since, its batch gets 401 and stores nothing, while the batch of
+    another key of the project, in the same group, is stored; the key is forgotten."""
+    from dashboard.accounts.services import apikey_create, apikey_revoke
+    from dashboard.ingest import common
+    from dashboard.ingest.export import TRACES, ExportOutcome, ExportRequest, otlp_export_all
+
+    (kept, kept_text), (revoked, revoked_text) = apikey_create(project=project), apikey_create(project=project, name="b")
+
+    def request(text: str, trace: int) -> ExportRequest:
+        document = {"resourceSpans": [{"scopeSpans": [{"spans": [
+            {"traceId": f"{trace:032x}", "spanId": f"{index + 1:016x}", "name": "s",
+             "startTimeUnixNano": str(_NOW), "endTimeUnixNano": str(_NOW + 1000)} for index in range(3)]}]}]}
+        body = json.dumps(document).encode()
+        return ExportRequest(TRACES, f"Bearer {text}", lambda: body, "application/json")
+
+    first = otlp_export_all([request(kept_text, 1), request(revoked_text, 2)])  # both keys seen: remembered
+    assert [outcome.stored for outcome in first] == [3, 3] and len(common._known_keys) >= 2
+    apikey_revoke(key=revoked)
+    before = group_commit._process.groups
+    outcomes = otlp_export_all([request(kept_text, 3), request(revoked_text, 4)])
+    assert isinstance(outcomes[0], ExportOutcome) and outcomes[0].stored == 3
+    assert isinstance(outcomes[1], common.IngestError) and (outcomes[1].status, outcomes[1].message) == (
+        401, "revoked API key")
+    assert group_commit._process.groups == before + 3  # merged, rolled back; each alone
+    assert set(Span.objects.filter(project=project).values_list("trace_id", flat=True)) == {
+        f"{trace:032x}" for trace in (1, 2, 3)}
+    assert common.hash_key(revoked_text) not in common._known_keys
