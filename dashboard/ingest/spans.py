@@ -316,8 +316,9 @@ def _keys_and_traces(
     refused = None
     if checks:
         found = {row[0]: row for row in results.pop(0)}
-        for check in checks:
-            refused = key_check_outcome(check, found.get(check.key_id), in_write=True) or refused
+        for check in checks:  # each read: a failing key is forgotten, a good one's last use noted
+            outcome = key_check_outcome(check, found.get(check.key_id), in_write=True)
+            refused = refused or outcome
     stored: dict[str, int] = dict(results.pop(0)) if unnamed else {}
     for start in range(_LOOKUP_CHUNK, len(unnamed), _LOOKUP_CHUNK):
         stored.update(trace_conversations_find(project_id=project.pk, trace_ids=unnamed[start:start + _LOOKUP_CHUNK]))

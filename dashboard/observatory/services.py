@@ -338,8 +338,10 @@ def read_together(queries: Sequence[tuple[str, Sequence[Any]]], using: str = "de
     if not queries:
         return []
     connection = connections[using]
+    together = (connection.vendor == "postgresql" and len(queries) > 1
+                and not connection.settings_dict["OPTIONS"].get("server_side_binding"))
     with connection.cursor() as cursor:
-        if connection.vendor != "postgresql" or len(queries) == 1:
+        if not together:  # (server-side binding prepares each statement: one at a time)
             results = []
             for sql, params in queries:
                 cursor.execute(sql, params)
