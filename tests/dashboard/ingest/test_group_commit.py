@@ -332,7 +332,7 @@ def test_a_key_revoked_after_its_first_use_fails_its_batch_alone_in_a_merged_gro
     from dashboard.ingest import common
     from dashboard.ingest.export import TRACES, ExportOutcome, ExportRequest, otlp_export_all
 
-    (kept, kept_text), (revoked, revoked_text) = apikey_create(project=project), apikey_create(project=project, name="b")
+    (_, kept_text), (revoked, revoked_text) = apikey_create(project=project), apikey_create(project=project, name="b")
 
     def request(text: str, trace: int) -> ExportRequest:
         document = {"resourceSpans": [{"scopeSpans": [{"spans": [
