@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
@@ -32,6 +32,8 @@ from django.utils import timezone
 from dashboard.accounts.keys import hash_key, key_prefix
 from dashboard.accounts.models import ApiKey, Project
 from dashboard.priority import pages_in_progress
+
+T = TypeVar("T")
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 DEFAULT_JSON_DEPTH = 32
@@ -190,23 +192,31 @@ def _touch(key_id: int, now: datetime) -> None:
 
 
 def _key_row(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
-    """One row of a key query. The first statement of every ingest request, which
-    runs without Django's connection health check (``ingest_gate``): when the
-    database dropped the connection this thread kept (a restart, an idle timeout)
-    the read fails, and is made once more on a new connection, so the dropped
-    connection costs nothing but the reconnect, as the health check would have."""
-    with database_errors_as_busy():
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                return cursor.fetchone()
-        except OperationalError:
-            if connection.in_atomic_block:
-                raise
-            connection.close()
+    """One row of a key query (``reconnecting``)."""
+    def read() -> tuple[Any, ...] | None:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchone()
+
+    with database_errors_as_busy():
+        return reconnecting(read)
+
+
+def reconnecting(read: Callable[[], T]) -> T:
+    """``read()``, made once more on a new connection when it fails with the
+    OperationalError of a connection the database dropped (a restart, an idle
+    timeout). Ingest runs without Django's connection health check (a round trip
+    on PostgreSQL: ``ingest_gate``), so its reads outside a transaction go through
+    here and a dropped connection costs nothing but the reconnect, as the health
+    check would have (inside one, the group commit runs its group again:
+    ``group_commit._connection_lost``)."""
+    try:
+        return read()
+    except OperationalError:
+        if connection.in_atomic_block:
+            raise
+        connection.close()
+    return read()
 
 
 @dataclass(frozen=True, slots=True)
@@ -685,7 +695,7 @@ def derivations_keep_up() -> None:
         if now - read_at >= BACKLOG_READ_EVERY:
             from dashboard.observatory.outbox import backlog_seconds
 
-            behind = backlog_seconds()
+            behind = reconnecting(backlog_seconds)
             _backlog_read = (now, behind)
     if behind > limit:
         raise IngestError(429, f"derivations are {behind:.0f} s behind; send again later",

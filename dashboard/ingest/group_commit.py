@@ -46,7 +46,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Hashable, Iterable, Sequence, TypeVar
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from dashboard.priority import ingest_transaction
 
@@ -224,15 +224,17 @@ class GroupCommit:
             group.extend(self._queue[:count])
             del self._queue[:count]
 
-    def _commit(self, group: list[_Write]) -> None:
+    def _commit(self, group: list[_Write], *, reconnected: bool = False) -> None:
         self.groups += 1
         began = ran = False
+        kept = connection.connection  # the database connection this thread kept, if any
         try:
             with ingest_transaction():
                 began = True
                 # Taken only now: the writes queued while this transaction waited for
                 # the database (another process's turn) join it.
-                self._take(group)
+                if not reconnected:
+                    self._take(group)
                 _attempt.first = True
                 try:
                     results = _run_group(group)
@@ -242,6 +244,14 @@ class GroupCommit:
         except Exception as exc:  # noqa: BLE001 - each write gets an outcome
             if not began:
                 self._take(group)
+            if not ran and not reconnected and isinstance(exc, OperationalError) and _lost(kept):
+                # The database dropped this thread's connection (a restart, an idle
+                # timeout) and the group's transaction found out: once more on a new
+                # one, as ingest's reads outside a transaction reconnect
+                # (common.reconnecting), so a dropped connection costs a reconnect, not a 503.
+                # (Django has opened a new one already, or opens it at the next statement.)
+                self._commit(group, reconnected=True)
+                return
             if not began or ran or (len(group) == 1 and not isinstance(exc, Unmerged)):
                 # The transaction itself failed (no lock in time, a lost connection, the
                 # commit), or the one write did: the same outcome as a transaction of its own.
@@ -259,6 +269,14 @@ class GroupCommit:
             return
         for write, result in zip(group, results):
             write.finish(result=result)
+
+
+def _lost(kept: Any) -> bool:
+    """Whether the connection ``kept`` before a transaction that failed was lost: the
+    database dropped it (psycopg marks it broken or closed) or Django closed it."""
+    if kept is None:
+        return False
+    return connection.connection is not kept or bool(getattr(kept, "broken", False) or getattr(kept, "closed", False))
 
 
 def _run_group(group: list[_Write]) -> list[Any]:
