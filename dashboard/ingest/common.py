@@ -102,9 +102,8 @@ def authenticate_header(header: str) -> tuple[Project, int]:
 
 
 def key_check_run(check: KeyCheck) -> None:
-    """Read the key's row now (one primary-key read); raise its refusal."""
-    row = _key_row(_key_check_query(), [check.key_id, check.digest, check.project_id])
-    failure = key_check_outcome(check, row and (check.key_id, *row))
+    """Read the key's row now (one primary-key read: ``key_checks_sql``); raise its refusal."""
+    failure = key_check_outcome(check, _key_row(*key_checks_sql([check])))
     if failure is not None:
         raise failure
 
@@ -238,15 +237,6 @@ def _remember(digest: str, known: _KnownKey) -> None:
         if len(_known_keys) >= _KNOWN_KEYS_MAX:
             _known_keys.clear()  # bounded; keys in use come back at their next request
         _known_keys[digest] = known
-
-
-@functools.cache
-def _key_check_query() -> str:
-    quote = connection.ops.quote_name
-    return (
-        f"SELECT revoked_at, last_used_at FROM {quote(ApiKey._meta.db_table)} "
-        "WHERE id = %s AND hash = %s AND project_id = %s"
-    )
 
 
 @functools.cache
