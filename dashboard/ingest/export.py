@@ -20,7 +20,15 @@ from django.db import OperationalError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from .common import IngestError, authenticate_deferred, busy_error, derivations_keep_up, ingest_gate, key_check_run
+from .common import (
+    IngestError,
+    KeyCheck,
+    authenticate_deferred,
+    busy_error,
+    derivations_keep_up,
+    ingest_gate,
+    key_check_run,
+)
 from .group_commit import Pending, pending_store, pending_store_all
 from .logs import logs_prepare
 from .otlp import JSON, OtlpDecodeError, OtlpTooManySpans, decode_request
@@ -99,15 +107,16 @@ def otlp_export_all(requests: Sequence[ExportRequest]) -> list[ExportOutcome | B
     once they committed: an ExportOutcome, an IngestError (a database error is the
     503 ``database_errors_as_busy`` makes of it), or the exception a write raised."""
     prepared: list[_Prepared | BaseException] = []
-    # A key is authenticated once for the requests that came together; one seen before
-    # is then checked by the group's span write, in its transaction (once a key), and
-    # one that fails is tried again by each request.
-    keys: dict[str, Any] = {}
+    # A key is authenticated once for the requests that came together (for spans, a key
+    # seen before is then checked by the group's span write, in its transaction; for
+    # logs, read once now); one that fails is tried again by each request.
+    keys: dict[tuple[str, bool], Any] = {}
 
-    def authenticate(header: str) -> Any:
-        if header not in keys:
-            keys[header] = authenticate_deferred(header)
-        return keys[header]
+    def authenticate(header: str, signal: str) -> Any:
+        found = keys.get((header, signal == TRACES))
+        if found is None:
+            found = keys[header, signal == TRACES] = _authenticate(header, signal)
+        return found
 
     for request in requests:
         try:
@@ -145,12 +154,19 @@ class _Prepared:
         return ExportOutcome(self.signal, self.accepted, stored.inserted, self.rejected, self.error_message)
 
 
-def _prepare(request: ExportRequest, authenticate: Callable[[str], Any] = authenticate_deferred) -> _Prepared:
-    """Inside the gate: authenticate, read, decode, and prepare the write. A key seen
-    before is checked by the span writes, in their transaction (``authenticate_deferred``)."""
-    project, _, check = authenticate(request.authorization)
-    if check is not None and request.signal != TRACES:
+def _authenticate(header: str, signal: str) -> tuple[Any, int, KeyCheck | None]:
+    """The sender's project and key id; a key seen before is checked by the span
+    write, in its transaction (``authenticate_deferred``), the other signals' now."""
+    project, key_id, check = authenticate_deferred(header)
+    if check is not None and signal != TRACES:
         key_check_run(check)
+        check = None
+    return project, key_id, check
+
+
+def _prepare(request: ExportRequest, authenticate: Callable[[str, str], Any] = _authenticate) -> _Prepared:
+    """Inside the gate: authenticate, read, decode, and prepare the write."""
+    project, _, check = authenticate(request.authorization, request.signal)
     derivations_keep_up()
     body = request.read_body()
     if request.signal == TRACES:
