@@ -23,9 +23,10 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -477,34 +478,58 @@ def divergence(project_id: int) -> dict[str, int]:
 
 def wait_until_converged(project_id: int, *, timeout: float, every: float = 1.0,
                          report: float = 0.0) -> tuple[float | None, dict[str, int]]:
-    """Seconds until ``divergence`` is all zeros (None past the timeout), and the last
-    divergence. With ``report`` (seconds), a line at most that often: how far off, and
-    how many derivation notes are still waiting (so a slow drain and a wrong one differ),
-    and at the end when the check that agreed began and how long it took (the hour-long
-    soak's 17.6M spans: converged at 74.0 s, with no telling how much was the checks)."""
+    """Seconds until the derived data agreed with the rows (None past the timeout),
+    and the last divergence. With ``report`` (seconds), a line at most that often: how
+    far off, and how many derivation notes are still waiting (so a slow drain and a
+    wrong one differ).
+
+    A check reads one snapshot (``_snapshot``): the time it reports is when the rows
+    it compared were read, not when it ended. On a big database one check takes a
+    while (77 s on the hour-long soak's 27M spans); read outside a transaction, the
+    derivations moved under it and a check begun while notes still waited could only
+    disagree, so the figure was the checks' length more than the drain's. Now a
+    check begins once no note waits (one count a second), and the result says both
+    when its snapshot was taken and how long reading it took."""
     from django.db import close_old_connections
 
     from dashboard.observatory.models import DerivationNote
 
     started = time.monotonic()
     reported = started
+    off: dict[str, int] = {}
     while True:
         close_old_connections()
         began = time.monotonic()
-        off = divergence(project_id)
+        with _snapshot():
+            waiting = DerivationNote.objects.filter(project_id=project_id, parked=False).count()
+            if not waiting:
+                off = divergence(project_id)
         now = time.monotonic()
-        if not any(off.values()):
-            if report:  # on a big database one check takes a while: when this one read the rows
-                print(f"  the check that agreed began {began - started:.1f} s after the load and took "
-                      f"{now - began:.1f} s", flush=True)
-            return now - started, off
+        if not waiting and not any(off.values()):
+            if report:
+                print(f"  the rows as they were {began - started:.1f} s after the load agreed (the check read them "
+                      f"for {now - began:.1f} s)", flush=True)
+            return began - started, off
         if report and now - reported >= report:
             reported = now
-            print(f"  +{now - started:.0f} s: {DerivationNote.objects.filter(project_id=project_id).count()} notes "
-                  f"waiting, off: {off}", flush=True)
+            print(f"  +{now - started:.0f} s: {waiting} notes waiting"
+                  + ("" if waiting else f", off: {off}"), flush=True)
         if now - started > timeout:
             return None, off
         time.sleep(every)
+
+
+@contextmanager
+def _snapshot() -> Iterator[None]:
+    """One read transaction, all its reads from the database as it was at its first:
+    SQLite's (WAL) does so by itself; PostgreSQL's needs REPEATABLE READ."""
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
 
 
 def conversation_tool_calls(project_id: int, external_ids: list[str]) -> dict[str, int]:
