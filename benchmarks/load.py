@@ -496,16 +496,14 @@ def wait_until_converged(project_id: int, *, timeout: float, every: float = 1.0,
 
     started = time.monotonic()
     reported = started
-    off: dict[str, int] = {}
     while True:
         close_old_connections()
         began = time.monotonic()
         with _snapshot():
             waiting = DerivationNote.objects.filter(project_id=project_id, parked=False).count()
-            if not waiting:
-                off = divergence(project_id)
+            off = {"notes_waiting": waiting} if waiting else divergence(project_id)
         now = time.monotonic()
-        if not waiting and not any(off.values()):
+        if not any(off.values()):
             if report:
                 print(f"  the rows as they were {began - started:.1f} s after the load agreed (the check read them "
                       f"for {now - began:.1f} s)", flush=True)
