@@ -110,12 +110,12 @@ def otlp_export_all(requests: Sequence[ExportRequest]) -> list[ExportOutcome | B
     # A key is authenticated once for the requests that came together (for spans, a key
     # seen before is then checked by the group's span write, in its transaction; for
     # logs, read once now); one that fails is tried again by each request.
-    keys: dict[tuple[str, bool], Any] = {}
+    keys: dict[tuple[str, str], Any] = {}
 
     def authenticate(header: str, signal: str) -> Any:
-        found = keys.get((header, signal == TRACES))
+        found = keys.get((header, signal))
         if found is None:
-            found = keys[header, signal == TRACES] = _authenticate(header, signal)
+            found = keys[header, signal] = _authenticate(header, signal)
         return found
 
     for request in requests:
