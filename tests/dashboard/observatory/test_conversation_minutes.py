@@ -21,7 +21,7 @@ from dashboard.observatory.models import (
     Span,
     ToolExecution,
 )
-from dashboard.observatory.services import minute_of, retention_purge
+from dashboard.observatory.services import hour_of, minute_of, retention_purge
 from tests.dashboard.observatory.helpers import store
 
 pytestmark = pytest.mark.django_db
@@ -111,6 +111,32 @@ def test_the_model_falls_back_to_the_last_tool_call_naming_one(project, records)
     outcome = store(project, [records.tool_result(model="newest", at=at + timedelta(minutes=2, seconds=30))])
     derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=sorted(outcome.tool_minutes))
     assert Conversation.objects.get().model == "newest"
+
+
+def test_of_calls_at_the_same_instant_naming_models_the_one_stored_last_wins(project, records):
+    at = minute_of(records.now) - timedelta(minutes=30) + timedelta(seconds=10)
+    outcome = store(project, [records.tool_result(model=name, at=at) for name in ("first", "second", "third")]
+                    + [records.tool_result(model="earlier", at=at - timedelta(seconds=5)),
+                       records.tool_result(at=at + timedelta(seconds=5))])  # later, but names none
+    (pk,) = outcome.conversation_ids
+    last = ToolExecution.objects.exclude(model="").order_by("-occurred_at", "-id").values_list("model", flat=True)[0]
+    for minutes in (sorted(outcome.tool_minutes), None):  # a pass after batches, and a rebuild
+        Conversation.objects.filter(pk=pk).update(model="")
+        derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=minutes)
+        assert Conversation.objects.get().model == last
+        assert ConversationMinute.objects.get().tool_model == last
+
+
+def test_the_databases_minute_and_hour_are_those_of_minute_of_and_hour_of(project, records):
+    base = records.now.replace(microsecond=0)
+    instants = [base, base.replace(second=59, microsecond=999_999), base.replace(second=0),
+                base.replace(minute=59, second=59, microsecond=1), base + timedelta(days=400, seconds=1)]
+    store(project, [records.tool_result(at=at) for at in instants])
+    rows = ToolExecution.objects.annotate(minute=derivations.MinuteUTC("occurred_at"),
+                                          hour=derivations.HourUTC("occurred_at"))
+    assert len(rows) == len(instants)
+    for row in rows:
+        assert (row.minute, row.hour) == (minute_of(row.occurred_at), hour_of(row.occurred_at))
 
 
 def test_a_pass_begun_earlier_never_writes_over_a_later_ones_slice(project, records):
