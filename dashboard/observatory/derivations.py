@@ -26,6 +26,7 @@ from dashboard.priority import yield_to_pages
 
 from . import conventions, costs
 from .histogram import LATENCY_BUCKET_BOUNDS_MS, bucket_index, empty_histogram
+from .paging import keyset_pages
 from .span_rows import received_window
 from .trace_links import trace_conversations_record
 from .models import (
@@ -771,7 +772,7 @@ def links_refresh(
     beat): the unlinked rows that occurred or started since ``since``, through the
     time indexes, and at most BEAT_SPAN_LIMIT unlinked spans, the newest.
 
-    Tool executions are read LINK_CHUNK at a time (their ids first), so memory is
+    Tool executions are read LINK_CHUNK at a time (``keyset_pages``), so memory is
     bounded by the chunk whatever the scope holds.
 
     Only links are added, never changed, so running it again changes nothing.
@@ -793,15 +794,17 @@ def links_refresh(
         # toolexec_project_received: the rows these batches brought, not the conversations' history.
         executions_in_scope = ToolExecution.objects.filter(
             project_id=project_id, conversation_id__in=conversation_list, **received)
+        order = "received_at"
     else:
         # toolexec_project_time; the beat only links executions (spans below by their own query)
         executions_in_scope = ToolExecution.objects.filter(
             project_id=project_id, occurred_at__gte=since, linked_span__isnull=True)
-    ids = list(executions_in_scope.values_list("id", flat=True)) if conversation_list or not scoped else []
-    for start in range(0, len(ids), LINK_CHUNK):
-        in_scope = list(ToolExecution.objects.filter(id__in=ids[start:start + LINK_CHUNK]).values_list(
-            "id", "tool_call_id", "trace_id", "span_id", "linked_span_id", "artifact_id"
-        ))
+        order = "occurred_at"
+    # The beat reads executions only to link them to spans: none to link to, nothing to read.
+    read = conversation_list if scoped else project_has_spans
+    pages = keyset_pages(executions_in_scope, order, (
+        "id", "tool_call_id", "trace_id", "span_id", "linked_span_id", "artifact_id"), LINK_CHUNK) if read else ()
+    for in_scope in pages:
         learned_traces = _executions_link(project_id, in_scope, counts) if project_has_spans else set()
         if project_has_spans and scoped:
             traces = {row[2] for row in in_scope if row[2]} | learned_traces

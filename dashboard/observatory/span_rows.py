@@ -38,6 +38,7 @@ from dashboard.priority import yield_to_pages
 from . import conventions
 from .conventions import CHAT, EXECUTE_TOOL, MessageFact, span_facts
 from .models import Message, Round, Source, Span, ToolExecution, minute_of
+from .paging import keyset_pages
 
 NAMESPACE = uuid.UUID("6f1d1c2e-5b0a-4c1e-9d3c-7a7f0e6b5a10")
 CHUNK = 500
@@ -114,17 +115,7 @@ def _candidate_chunks(project_id: int, ids: list[int], operation: str, received:
     query walked in (start_time, id) order past the last one read. A span several
     queries find comes once per query: deriving it twice inserts nothing twice."""
     for query in _candidate_queries(project_id, ids, operation, received, traces):
-        after = None
-        while True:
-            page = query if after is None else query.filter(
-                Q(start_time__gt=after[0]) | Q(start_time=after[0], id__gt=after[1]))
-            rows = list(page.order_by("start_time", "id").values_list(
-                "id", "trace_id", "tool_call_id", "start_time")[:CANDIDATES])
-            if rows:
-                yield [row[:3] for row in rows]
-            if len(rows) < CANDIDATES:
-                break
-            after = (rows[-1][3], rows[-1][0])
+        yield from keyset_pages(query, "start_time", ("id", "trace_id", "tool_call_id"), CANDIDATES)
 
 
 def _conversations(project_id: int, ids: list[int], received: dict[str, datetime] | None,

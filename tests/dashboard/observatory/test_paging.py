@@ -1,0 +1,63 @@
+"""Rows read a page at a time in the order of a column (``keyset_pages``): every row
+once, ties on the column included, however the rows read change meanwhile."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from dashboard.observatory import derivations
+from dashboard.observatory.models import Conversation, Span, ToolExecution
+from dashboard.observatory.paging import keyset_pages
+from dashboard.observatory.services import records_store
+from pipeline import parse_record
+
+pytestmark = pytest.mark.django_db
+
+AT = datetime.now(timezone.utc) - timedelta(hours=1)
+
+
+def execution(project, seconds: int, **fields) -> ToolExecution:
+    conversation, _ = Conversation.objects.get_or_create(project=project, external_id="c")
+    return ToolExecution.objects.create(
+        project=project, conversation=conversation, record_id=uuid.uuid4(), tool_name=fields.pop("tool_name", "t"), success=True,
+        tool_call_id=f"call-{uuid.uuid4().hex[:8]}", output_level="standard",
+        occurred_at=AT + timedelta(seconds=seconds), **fields)
+
+
+def test_it_reads_every_row_once_in_order_ties_included_a_page_a_query(project):
+    rows = [execution(project, seconds) for seconds in (5, 1, 3, 3, 3, 0, 9)]
+    with CaptureQueriesContext(connection) as queries:
+        pages = list(keyset_pages(ToolExecution.objects.all(), "occurred_at", ("id",), 2))
+    assert [len(page) for page in pages] == [2, 2, 2, 1]
+    expected = [row.pk for row in sorted(rows, key=lambda row: (row.occurred_at, row.pk))]
+    assert [pk for page in pages for (pk,) in page] == expected
+    assert len(queries) == 4
+
+
+def test_rows_that_leave_the_query_while_it_is_read_skip_none_of_the_others(project):
+    rows = [execution(project, seconds % 3) for seconds in range(9)]
+    seen = []
+    for page in keyset_pages(ToolExecution.objects.filter(tool_name="t"), "occurred_at", ("id",), 2):
+        ids = [pk for (pk,) in page]
+        seen += ids
+        ToolExecution.objects.filter(pk__in=ids).update(tool_name="done")  # as linking takes rows out of the beat's query
+    assert sorted(seen) == sorted(row.pk for row in rows) and len(seen) == len(set(seen))
+
+
+def test_the_beats_link_pass_links_executions_past_one_page(project, records, monkeypatch):
+    monkeypatch.setattr(derivations, "LINK_CHUNK", 2)
+    calls = [f"call_{n}" for n in range(5)]
+    records_store(project=project, records=[parse_record(records.tool_result(result={"tool_call_id": call}))
+                                            for call in calls])
+    now = datetime.now(timezone.utc)
+    Span.objects.bulk_create([
+        Span(project=project, trace_id=f"{n + 1:032x}", span_id=f"{n + 1:016x}", start_time=now, end_time=now,
+             tool_call_id=call) for n, call in enumerate(calls)])
+    counts = derivations.links_refresh(project_id=project.pk)
+    assert counts["tool_executions"] == len(calls)
+    assert not ToolExecution.objects.filter(linked_span=None).exists()
