@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Iterable
 
@@ -19,12 +18,13 @@ from django.db import connections, router, transaction
 from django.db.models import Model
 from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Subquery, Sum, Window
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import RowNumber, TruncHour, TruncMinute
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from dashboard.priority import yield_to_pages
 
 from . import conventions, costs
+from .dbfunctions import HourUTC, MinuteUTC
 from .histogram import LATENCY_BUCKET_BOUNDS_MS, bucket_index, empty_histogram
 from .paging import keyset_pages
 from .span_rows import received_window
@@ -60,31 +60,6 @@ def _grouped(queryset: Any, **aggregates: Any) -> dict[int, dict[str, Any]]:
         row["conversation_id"]: row
         for row in queryset.values("conversation_id").order_by().annotate(**aggregates)
     }
-
-
-class _TruncUTC:
-    """Truncation to the minute or hour in UTC, in C on SQLite too: Django's Trunc
-    calls a Python function there for every row (``hours_with_rows`` over 300,000
-    tool rows: 1.03 s with it, 0.11 s without; benchmarks/bench_sweep.py). SQLite's
-    strftime reads a stored datetime, offset or not, as UTC and writes it back in
-    the stored form."""
-
-    sqlite_format = ""
-
-    def __init__(self, expression: str) -> None:
-        super().__init__(expression, tzinfo=dt_timezone.utc)
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, list[Any]]:
-        sql, params = compiler.compile(self.lhs)
-        return f"strftime(%s, {sql})", [self.sqlite_format, *params]
-
-
-class MinuteUTC(_TruncUTC, TruncMinute):
-    sqlite_format = "%Y-%m-%d %H:%M:00"
-
-
-class HourUTC(_TruncUTC, TruncHour):
-    sqlite_format = "%Y-%m-%d %H:00:00"
 
 
 def _title(text: str) -> str:

@@ -12,15 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import date, datetime
-from datetime import timezone as dt_timezone
 from typing import Any, Optional
 
 from django.db import connection
 from django.db.models import Case, F, OuterRef, Subquery, When
-from django.db.models.functions import TruncDate
 
 from dashboard.accounts.models import Project
 from dashboard.observatory import histogram
+from dashboard.observatory.dbfunctions import DateUTC
 from dashboard.observatory.models import Conversation, ToolExecution
 from dashboard.observatory.selectors import LEVELS, ToolStats
 from dashboard.tuning.pricing import PriceTable
@@ -109,7 +108,7 @@ def level_costs(project: Project, tool_name: str, *, since: datetime) -> dict[st
         ToolExecution.objects.filter(project=project, tool_name=tool_name, occurred_at__gte=since)
         .order_by("-occurred_at")
         .annotate(priced_model=Case(When(model="", then=Subquery(conversation_model)), default=F("model")),
-                  day=TruncDate("occurred_at", tzinfo=dt_timezone.utc))
+                  day=DateUTC("occurred_at"))
         .values_list("priced_model", "day", "observation_tokens", *(f"{level}_tokens" for level in LEVELS))
     )[:LEVEL_COST_CALLS]
     sql, params = newest.query.sql_with_params()

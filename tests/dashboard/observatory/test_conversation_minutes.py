@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import uuid
 from datetime import timedelta
+from datetime import timezone as dt_timezone
 
 import pytest
 from django.db import connection
@@ -14,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from dashboard.observatory import derivations, outbox, tasks
+from dashboard.observatory.dbfunctions import DateUTC, HourUTC, MinuteUTC
 from dashboard.observatory.models import (
     Conversation,
     ConversationMinute,
@@ -127,16 +129,17 @@ def test_of_calls_at_the_same_instant_naming_models_the_one_stored_last_wins(pro
         assert ConversationMinute.objects.get().tool_model == last
 
 
-def test_the_databases_minute_and_hour_are_those_of_minute_of_and_hour_of(project, records):
+def test_the_databases_minute_hour_and_day_are_those_of_python_in_utc(project, records):
     base = records.now.replace(microsecond=0)
     instants = [base, base.replace(second=59, microsecond=999_999), base.replace(second=0),
                 base.replace(minute=59, second=59, microsecond=1), base + timedelta(days=400, seconds=1)]
     store(project, [records.tool_result(at=at) for at in instants])
-    rows = ToolExecution.objects.annotate(minute=derivations.MinuteUTC("occurred_at"),
-                                          hour=derivations.HourUTC("occurred_at"))
+    rows = ToolExecution.objects.annotate(minute=MinuteUTC("occurred_at"), hour=HourUTC("occurred_at"),
+                                          day=DateUTC("occurred_at"))
     assert len(rows) == len(instants)
     for row in rows:
-        assert (row.minute, row.hour) == (minute_of(row.occurred_at), hour_of(row.occurred_at))
+        assert (row.minute, row.hour, row.day) == (minute_of(row.occurred_at), hour_of(row.occurred_at),
+                                                   row.occurred_at.astimezone(dt_timezone.utc).date())
 
 
 def test_a_pass_begun_earlier_never_writes_over_a_later_ones_slice(project, records):
