@@ -77,18 +77,17 @@ def run(args: argparse.Namespace) -> None:
     stored += len(rows)
     Span.objects.create(project=project, trace_id="1" * 32, span_id="1" * 16, start_time=start, end_time=start)
 
-    since = start
     began = time.perf_counter()
-    updated = derivations.slices_sweep(project_id=project.pk, since=since)
+    updated = derivations.slices_sweep(project_id=project.pk, since=start)
     sweep_seconds = time.perf_counter() - began
     began = time.perf_counter()
-    hours = derivations.hours_with_rows(project_id=project.pk, since=since)
+    hours = derivations.hours_with_rows(project_id=project.pk, since=start)
     hours_seconds = time.perf_counter() - began
     began = time.perf_counter()
     derivations.links_refresh(project_id=project.pk)
     links_seconds = time.perf_counter() - began
     peaks = []
-    for beat_read in (lambda: derivations.slices_sweep(project_id=project.pk, since=since),
+    for beat_read in (lambda: derivations.slices_sweep(project_id=project.pk, since=start),
                       lambda: derivations.links_refresh(project_id=project.pk)):
         tracemalloc.start()
         beat_read()
