@@ -73,6 +73,8 @@ _SPAN_KINDS = {
 _STATUS_CODES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 _ZERO_TRACE_ID = "0" * 32
 _ZERO_SPAN_ID = "0" * 16
+_ZERO_16 = bytes(16)
+_ZERO_8 = bytes(8)
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _HEX = re.compile(r"[0-9a-fA-F]+")
 _DECIMAL = re.compile(r"-?[0-9]+")  # int() alone would take " 12" and "1_000"
@@ -284,6 +286,7 @@ class _ProtobufReader(_Bounded):
             self.truncated = True
             key_values = key_values[:MAX_ATTRIBUTES]
         out: dict[str, Any] = {}
+        budget = self.span_budget  # held in a local; written back around the general path
         for kv in key_values:
             key = kv.key
             if len(key) > MAX_KEY_CHARS or "\x00" in key:
@@ -295,19 +298,26 @@ class _ProtobufReader(_Bounded):
             if kind == "string_value":
                 text = value.string_value
                 size = len(text)
-                if size < _SHORT_TEXT and size < self.span_budget and "\x00" not in text:
-                    self.span_budget -= size
+                if size < _SHORT_TEXT and size < budget and "\x00" not in text:
+                    budget -= size
                     out[key] = text
                     continue
-            elif kind == "int_value" or kind == "bool_value" or kind == "double_value":
-                if self.span_budget > _ITEM_COST:
-                    self.span_budget -= _ITEM_COST
-                    number = getattr(value, kind)
-                    out[key] = number if kind != "double_value" else _finite(number)
+            elif kind == "int_value" or kind == "bool_value":
+                if budget > _ITEM_COST:
+                    budget -= _ITEM_COST
+                    out[key] = getattr(value, kind)
                     continue
+            elif kind == "double_value":
+                if budget > _ITEM_COST:
+                    budget -= _ITEM_COST
+                    out[key] = _finite(value.double_value)
+                    continue
+            self.span_budget = budget
             self._start_value()
             out[key] = self.value(value)
             self._end_value()
+            budget = self.span_budget
+        self.span_budget = budget
         return out
 
 
@@ -324,6 +334,8 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
     memory_reserve(_protobuf_rows_cost(request, len(body)), "the spans")
     reader = _ProtobufReader()
     batch = DecodedBatch()
+    rows = batch.spans
+    count = 0
     for resource_spans in request.resource_spans:
         reader.start_span()
         resource = reader.attributes(resource_spans.resource.attributes)
@@ -331,18 +343,24 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
         service_name = _service_name(resource)
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope
+            scope_name, scope_version = _clean(scope.name), _clean(scope.version)
             for span in scope_spans.spans:
-                if len(batch.spans) % _YIELD_EVERY == 0:
+                if count % _YIELD_EVERY == 0:
                     yield_to_pages()
+                count += 1
                 reader.start_span()
                 try:
                     row = _protobuf_span(span, reader, resource, service_name)
                 except _SpanRejected as exc:
                     batch.reject(str(exc))
                     continue
-                _add_scope(row.attributes, scope.name, scope.version)
+                attributes = row.attributes
+                if scope_name:
+                    attributes.setdefault("otel.scope.name", scope_name)
+                if scope_version:
+                    attributes.setdefault("otel.scope.version", scope_version)
                 row.truncated = reader.truncated or resource_truncated
-                batch.spans.append(row)
+                rows.append(row)
     return batch
 
 
@@ -373,14 +391,27 @@ def _protobuf_rows_cost(request: Any, body_bytes: int) -> int:
 
 
 def _protobuf_span(span: Any, reader: _ProtobufReader, resource: dict[str, Any], service_name: str) -> SpanRow:
-    trace_id = _checked_id(span.trace_id, 16, "trace_id")
-    span_id = _checked_id(span.span_id, 8, "span_id")
+    # The valid case is tested inline (this runs once a span); the checks' functions
+    # only run to name what is wrong.
+    trace_id = span.trace_id
+    trace_id = trace_id.hex() if len(trace_id) == 16 and trace_id != _ZERO_16 else _checked_id(trace_id, 16, "trace_id")
+    span_id = span.span_id
+    span_id = span_id.hex() if len(span_id) == 8 and span_id != _ZERO_8 else _checked_id(span_id, 8, "span_id")
     parent = span.parent_span_id
-    parent_span_id = "" if not parent or not any(parent) else _checked_id(parent, 8, "parent_span_id")
+    if len(parent) == 8 and parent != _ZERO_8:
+        parent_span_id = parent.hex()
+    else:  # none (a root span), zeros (the same), or wrong
+        parent_span_id = "" if not any(parent) else _checked_id(parent, 8, "parent_span_id")
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+    low, high = reader.window
+    if not (low <= start < high and low <= end < high):
+        check_time(start, reader.window, "start time")
+        check_time(end, reader.window, "end time")
     name = span.name  # may be empty: OTLP says that means unknown
-    check_time(span.start_time_unix_nano, reader.window, "start time")
-    check_time(span.end_time_unix_nano, reader.window, "end time")
+    if "\x00" in name:
+        name = _clean(name)
     status = span.status
+    message = status.message
     attributes = reader.attributes(span.attributes)  # before events: they share the span's budget
     events = [
         {
@@ -389,35 +420,38 @@ def _protobuf_span(span: Any, reader: _ProtobufReader, resource: dict[str, Any],
             "attributes": reader.attributes(event.attributes),
         }
         for event in _capped_events(span.events, reader)
-    ]
+    ] if span.events else []
     links = []
-    for link in _capped_links(span.links, reader):
-        try:
-            linked = {"trace_id": _checked_id(link.trace_id, 16, "link trace_id"),
-                      "span_id": _checked_id(link.span_id, 8, "link span_id")}
-        except _SpanRejected:
-            reader.truncated = True  # a link to nothing we could name: dropped, said
-            continue
-        linked["attributes"] = reader.attributes(link.attributes)
-        links.append(linked)
+    if span.links:
+        for link in _capped_links(span.links, reader):
+            try:
+                linked = {"trace_id": _checked_id(link.trace_id, 16, "link trace_id"),
+                          "span_id": _checked_id(link.span_id, 8, "link span_id")}
+            except _SpanRejected:
+                reader.truncated = True  # a link to nothing we could name: dropped, said
+                continue
+            linked["attributes"] = reader.attributes(link.attributes)
+            links.append(linked)
     if span.dropped_attributes_count or span.dropped_events_count or span.dropped_links_count:
         reader.truncated = True  # the sender already dropped some
+    kind = span.kind
+    code = status.code
     return SpanRow(
-        trace_id=trace_id,
-        span_id=span_id,
-        parent_span_id=parent_span_id,
-        name=_clean(name),
-        kind=span.kind if 0 <= span.kind <= 5 else 0,
-        start_time_unix_nano=span.start_time_unix_nano,
-        end_time_unix_nano=span.end_time_unix_nano,
-        status_code=status.code if 0 <= status.code <= 2 else 0,
-        status_message=reader.name(status.message),
-        attributes=attributes,
-        events=events,
-        resource=resource,
-        service_name=service_name,
-        truncated=False,
-        links=links,
+        trace_id,
+        span_id,
+        parent_span_id,
+        name,
+        kind if 0 <= kind <= 5 else 0,
+        start,
+        end,
+        code if 0 <= code <= 2 else 0,
+        reader.name(message) if message else "",
+        attributes,
+        events,
+        resource,
+        service_name,
+        False,
+        links,
     )
 
 
