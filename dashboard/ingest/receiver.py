@@ -13,6 +13,16 @@ stored the loop does nothing else; the requests that arrive meanwhile wait in th
 kernel and make the next group, so the busier it is, the larger the groups.
 Answers go out after the commit, so an acknowledged batch is a stored one.
 
+A group also waits a moment for its senders (``GATHER_WAIT``, 2 ms at most): the
+connections answered by the group before, within ``GATHER_RECENT``, are senders in a
+loop that send again at once, so the next group starts only when they all have
+sent, or closed, or the wait is over. Without it the requests came a few at a time
+as the senders got the CPU: 16 senders of 10-span batches made groups of 4, and a
+group's fixed cost (its transaction's statements and commit, in Python and in the
+database) was a fifth of a request's. With it they make groups of 7 to 8, at
+2,250 requests/s where they stored 1,550 on PostgreSQL. A lone sender, or senders
+answered longer ago (not sending in a loop), wait for nobody.
+
 The answers are those of the dashboard's views (``otlp_views``):
 an Export*ServiceResponse (``partial_success`` when items were rejected) or a
 ``google.rpc.Status`` in the request's encoding, with Retry-After on 429/503;
@@ -77,6 +87,8 @@ MAX_URL = 8190
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 64 * 1024
 GROUP_MAX_BYTES = 4 * 1024 * 1024  # body bytes stored together at most (one bigger request is a group alone)
+GATHER_WAIT = 0.002  # seconds a group waits, at most, for the senders answered just before it
+GATHER_RECENT = 0.01  # ... when they were answered this recently (else they are not sending in a loop)
 LINGER_SECONDS = 2.0  # a closing connection reads and drops what still comes for this long
 _WANTED = {b"authorization", b"content-type", b"content-encoding", b"content-length"}
 
@@ -132,6 +144,7 @@ class Connection(asyncio.Protocol):
         self._disarm()
         self.receiver.connections.discard(self)
         self.receiver.on_connections()
+        self.receiver.forget(self)
         self._free(self.held)
 
     def data_received(self, data: bytes) -> None:
@@ -329,6 +342,9 @@ class Receiver:
         self.connections: set[Connection] = set()
         self.waiting: list[tuple[Connection, _Request]] = []
         self.scheduled = False
+        self.gathering: asyncio.Handle | None = None  # the group's start, while it waits for ``expected``
+        self.expected: set[Connection] = set()  # answered in the last group, not sent again yet
+        self.answered_at = 0.0  # when (loop time)
         self.stopping = False
         self.groups = 0  # groups stored, and the requests in them (logged at the end)
         self.requests = 0
@@ -352,13 +368,32 @@ class Receiver:
 
     def submit(self, connection: Connection, request: _Request) -> None:
         self.waiting.append((connection, request))
-        if not self.scheduled:
-            self.scheduled = True
+        self.expected.discard(connection)
+        if self.scheduled:
+            if self.gathering is not None and (not self.expected or self._full()):
+                self.gathering.cancel()  # everyone expected is here: store now
+                self.gathering = self.loop.call_soon(self._store)
+            return
+        self.scheduled = True
+        if self.expected and not self._full() and self.loop.time() - self.answered_at < GATHER_RECENT:
+            self.gathering = self.loop.call_later(GATHER_WAIT, self._store)
+        else:
             self.loop.call_soon(self._store)  # after the loop has read what else arrived
+
+    def forget(self, connection: Connection) -> None:
+        """A connection closed: no request is expected from it."""
+        self.expected.discard(connection)
+        if self.gathering is not None and not self.expected:
+            self.gathering.cancel()
+            self.gathering = self.loop.call_soon(self._store)
+
+    def _full(self) -> bool:
+        return len(self.waiting) >= MAX_GROUP or sum(request.size for _, request in self.waiting) >= GROUP_MAX_BYTES
 
     def _store(self) -> None:
         """Store the requests waiting, as one group (within its bounds), and answer them."""
         self.scheduled = False
+        self.gathering = None
         count = fitting((request.size for _, request in self.waiting), count=MAX_GROUP, total=GROUP_MAX_BYTES)
         group, self.waiting = self.waiting[:count], self.waiting[count:]
         if self.waiting:
@@ -372,6 +407,10 @@ class Receiver:
         self.requests += len(group)
         for (connection, request), outcome in zip(group, outcomes):
             connection.answer(request, outcome)
+        # The senders just answered are the likely next ones (a busy fleet sends again
+        # at once): the next group waits a moment for them (``submit``).
+        self.expected = {connection for connection, request in group if request.keep_alive and not connection.closing}
+        self.answered_at = self.loop.time()
 
     def _export(self, group: list[tuple[Connection, _Request]]) -> list[Any]:
         close_old_connections()  # what Django does around every HTTP request

@@ -510,3 +510,108 @@ def test_a_child_takes_the_connections_a_busy_or_dead_one_leaves(monkeypatch, ke
         assert statuses == [200] * 5
     finally:
         child.close()
+
+
+# --- gathering: a group waits a moment for the senders answered just before it ----------
+
+_sent = iter(range(1000, 10**6))
+
+
+def _fresh_request() -> bytes:
+    """A one-span request with a span id of its own (so no group meets a stored span)."""
+    request = ExportTraceServiceRequest.FromString(spans_request(1))
+    request.resource_spans[0].scope_spans[0].spans[0].span_id = next(_sent).to_bytes(8, "big")
+    return request.SerializeToString()
+
+
+def _send(client: http.client.HTTPConnection, key: str) -> None:
+    client.request("POST", "/v1/traces", body=_fresh_request(),
+                   headers={"Content-Type": PROTOBUF, "Authorization": f"Bearer {key}"})
+
+
+def _answered(client: http.client.HTTPConnection) -> int:
+    response = client.getresponse()
+    response.read()
+    return response.status
+
+
+@pytest.fixture
+def gathering(served, monkeypatch):
+    """The receiver with a long gathering wait (3 s): a request answered well before it
+    was not kept waiting for the timer."""
+    monkeypatch.setattr(receiver_module, "GATHER_WAIT", 3.0)
+    monkeypatch.setattr(receiver_module, "GATHER_RECENT", 60.0)
+    served.receiver.idle_timeout = 30.0  # an idle sender's connection stays open past the wait
+    return served
+
+
+def _clients(port: int, count: int) -> list[http.client.HTTPConnection]:
+    return [http.client.HTTPConnection("127.0.0.1", port, timeout=15) for _ in range(count)]
+
+
+def test_a_group_waits_for_the_sender_answered_before_it_and_goes_when_it_comes(gathering, key):
+    """B was answered just before; A's request waits for B's next one (a busy sender
+    sends again at once), and both are stored as one group as soon as it comes, not
+    when the wait is over."""
+    a, b = _clients(gathering.port, 2)
+    try:
+        _send(b, key)
+        assert _answered(b) == 200
+        groups = gathering.receiver.groups
+        started = time.monotonic()
+        _send(a, key)
+        time.sleep(0.3)
+        assert gathering.receiver.groups == groups  # A waits for B
+        _send(b, key)
+        assert _answered(a) == 200 and _answered(b) == 200
+        assert time.monotonic() - started < 2.0  # not the 3 s wait
+        assert gathering.receiver.groups == groups + 1  # together
+        assert Span.objects.count() == 3
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_lone_sender_is_not_kept_waiting(gathering, key):
+    """The only sender answered is the one sending again: nobody to wait for."""
+    (client,) = _clients(gathering.port, 1)
+    try:
+        started = time.monotonic()
+        for _ in range(3):
+            _send(client, key)
+            assert _answered(client) == 200
+        assert time.monotonic() - started < 2.0
+    finally:
+        client.close()
+
+
+def test_a_sender_that_closed_is_not_waited_for(gathering, key):
+    a, b = _clients(gathering.port, 2)
+    try:
+        _send(b, key)
+        assert _answered(b) == 200
+        b.close()
+        _until(lambda: len(gathering.receiver.connections) == 0, "B's connection closed")
+        started = time.monotonic()
+        _send(a, key)
+        assert _answered(a) == 200
+        assert time.monotonic() - started < 2.0
+    finally:
+        a.close()
+
+
+def test_a_sender_answered_long_before_is_not_waited_for(gathering, key, monkeypatch):
+    """Answered longer ago than GATHER_RECENT: not a sender in a loop, no wait for it."""
+    monkeypatch.setattr(receiver_module, "GATHER_RECENT", 0.1)
+    a, b = _clients(gathering.port, 2)
+    try:
+        _send(b, key)
+        assert _answered(b) == 200
+        time.sleep(0.3)
+        started = time.monotonic()
+        _send(a, key)
+        assert _answered(a) == 200
+        assert time.monotonic() - started < 2.0
+    finally:
+        a.close()
+        b.close()
