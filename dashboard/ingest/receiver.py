@@ -19,9 +19,9 @@ loop that send again at once, so the next group starts only when they all have
 sent, or closed, or the wait is over. Without it the requests came a few at a time
 as the senders got the CPU: 16 senders of 10-span batches made groups of 4, and a
 group's fixed cost (its transaction's statements and commit, in Python and in the
-database) was a fifth of a request's. With it they make groups of 7 to 8, at
-2,250 requests/s where they stored 1,550 on PostgreSQL. A lone sender, or senders
-answered longer ago (not sending in a loop), wait for nobody.
+database) was about a fifth of a request's. With it the groups hold 7.7 on
+average: 2,126-2,284 requests/s on PostgreSQL where they stored 1,571-1,735. A lone
+sender, or senders answered longer ago (not sending in a loop), wait for nobody.
 
 The answers are those of the dashboard's views (``otlp_views``):
 an Export*ServiceResponse (``partial_success`` when items were rejected) or a
