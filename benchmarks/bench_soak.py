@@ -54,6 +54,7 @@ from benchmarks.load import (
     project_key_and_session,
     setup_django,
     wait_until_converged,
+    waiting_notes,
 )
 
 BATCH_SIZES = (1000, 512, 100, 10)
@@ -210,6 +211,9 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
           f"{sampler.process_summary()}")
     print("rollups and links " + (f"agreed with the rows {converged:.1f} s after the load" if converged is not None
                                   else f"did NOT agree with the rows within {args.converge_timeout:.0f} s: {off}"))
+    if converged is None:
+        for line in waiting_notes(project.pk):
+            print(f"  {line}")
     print("targets: lag p95 < 10 s, PSS < 400 MB and flat, page p95 < 500 ms, converged within 60 s")
 
 

@@ -517,6 +517,24 @@ def wait_until_converged(project_id: int, *, timeout: float, every: float = 1.0,
         time.sleep(every)
 
 
+def waiting_notes(project_id: int, limit: int = 10) -> list[str]:
+    """The derivation notes still waiting, one line each (what they are about, their
+    attempts, when they are due, the last error): why a run did not converge."""
+    from django.utils import timezone
+
+    from dashboard.observatory.models import DerivationNote
+
+    now = timezone.now()
+    lines = []
+    for note in DerivationNote.objects.filter(project_id=project_id, parked=False).order_by("id")[:limit]:
+        about = ", ".join(f"{len(value)} {name}" for name in ("conversation_ids", "minutes", "hours", "trace_ids", "artifact_ids")
+                          if (value := getattr(note, name)))
+        lease = f", leased for {(note.claimed_until - now).total_seconds():.0f} s" if note.claimed_until else ""
+        lines.append(f"note {note.pk}: {about or 'nothing'}; {note.attempts} attempts, due in "
+                     f"{(note.available_at - now).total_seconds():.0f} s{lease}; last error: {note.last_error[:200] or '-'}")
+    return lines
+
+
 @contextmanager
 def _snapshot() -> Iterator[None]:
     """One read transaction, all its reads from the database as it was at its first:
