@@ -527,10 +527,8 @@ def waiting_notes(project_id: int, limit: int = 10) -> list[str]:
     now = timezone.now()
     lines = []
     for note in DerivationNote.objects.filter(project_id=project_id, parked=False).order_by("id")[:limit]:
-        about = ", ".join(f"{len(value)} {name}" for name in ("conversation_ids", "minutes", "hours", "trace_ids", "artifact_ids")
-                          if (value := getattr(note, name)))
         lease = f", leased for {(note.claimed_until - now).total_seconds():.0f} s" if note.claimed_until else ""
-        lines.append(f"note {note.pk}: {about or 'nothing'}; {note.attempts} attempts, due in "
+        lines.append(f"{note}; {note.attempts} attempts, due in "
                      f"{(note.available_at - now).total_seconds():.0f} s{lease}; last error: {note.last_error[:200] or '-'}")
     return lines
 
