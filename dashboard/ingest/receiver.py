@@ -387,14 +387,19 @@ class Receiver:
             self.gathering.cancel()
             self.gathering = self.loop.call_soon(self._store)
 
+    def _group_size(self) -> int:
+        """How many of the requests waiting make the next group (its bounds: ``fitting``)."""
+        return fitting((request.size for _, request in self.waiting), count=MAX_GROUP, total=GROUP_MAX_BYTES)
+
     def _full(self) -> bool:
-        return len(self.waiting) >= MAX_GROUP or sum(request.size for _, request in self.waiting) >= GROUP_MAX_BYTES
+        """The next group can take no more requests: no reason to wait for others."""
+        return len(self.waiting) >= MAX_GROUP or self._group_size() < len(self.waiting)
 
     def _store(self) -> None:
         """Store the requests waiting, as one group (within its bounds), and answer them."""
         self.scheduled = False
         self.gathering = None
-        count = fitting((request.size for _, request in self.waiting), count=MAX_GROUP, total=GROUP_MAX_BYTES)
+        count = self._group_size()
         group, self.waiting = self.waiting[:count], self.waiting[count:]
         if self.waiting:
             self.scheduled = True
