@@ -343,7 +343,7 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
         service_name = _service_name(resource)
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope
-            scope_name, scope_version = _clean(scope.name), _clean(scope.version)
+            scope_name, scope_version = scope.name, scope.version  # read once a scope, not once a span
             for span in scope_spans.spans:
                 if count % _YIELD_EVERY == 0:
                     yield_to_pages()
@@ -354,11 +354,7 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
                 except _SpanRejected as exc:
                     batch.reject(str(exc))
                     continue
-                attributes = row.attributes
-                if scope_name:
-                    attributes.setdefault("otel.scope.name", scope_name)
-                if scope_version:
-                    attributes.setdefault("otel.scope.version", scope_version)
+                _add_scope(row.attributes, scope_name, scope_version)
                 row.truncated = reader.truncated or resource_truncated
                 rows.append(row)
     return batch
