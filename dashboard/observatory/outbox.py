@@ -20,7 +20,7 @@ note per conversation, minute and hour, so one poisonous conversation never hold
 a single-item note that fails waits (backoff doubling from
 OBSERVATORY_DERIVE_RETRY_SECONDS) and after MAX_ATTEMPTS is parked with its error
 for an admin (``admin/observatory/derivationnote``, "retry now"). A database that
-is busy (a lock, a deadlock, a lost connection: ``OperationalError``) says nothing
+is busy (a lock, a deadlock, a lost connection: ``database_busy``) says nothing
 about the note, so such a failure is retried after OBSERVATORY_DERIVE_RETRY_SECONDS
 and never parks it: under sixteen senders on SQLite a note could otherwise use up its attempts on
 "database is locked" alone and its conversation would never converge.
@@ -33,6 +33,7 @@ import fcntl
 import functools
 import logging
 import os
+import sqlite3
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
@@ -159,14 +160,14 @@ def outbox_drain(*, limit: int = NOTE_BATCH) -> DrainOutcome:
         yield_to_pages()  # the runner shares the web process with the pages
         try:
             _derive(project_id, *_merged(group))
-        except OperationalError as exc:
-            # A busy database says nothing about the notes: the whole group again soon,
-            # merged. Deriving 6,000 notes one by one after "database is locked" had
-            # each recompute its hour's rollups: the soak's backlog then never drained.
-            _delay_busy(group, f"{type(exc).__name__}: {exc}"[:ERROR_LENGTH])
-            outcome.failed += len(group)
-            continue
-        except Exception:
+        except Exception as exc:
+            if database_busy(exc):
+                # A busy database says nothing about the notes: the whole group again soon,
+                # merged. Deriving 6,000 notes one by one after "database is locked" had
+                # each recompute its hour's rollups: the soak's backlog then never drained.
+                _delay_busy(group, f"{type(exc).__name__}: {exc}"[:ERROR_LENGTH])
+                outcome.failed += len(group)
+                continue
             logger.warning("derivation pass of %d notes of project %d failed; deriving them one by one",
                            len(group), project_id, exc_info=True)
             for note in group:
@@ -346,7 +347,7 @@ def _failed(note: DerivationNote, exc: Exception, outcome: DrainOutcome) -> None
         + [dict(artifact_ids=[a]) for a in note.artifact_ids]
         + [dict(trace_ids=[t]) for t in note.trace_ids]
     )
-    if isinstance(exc, OperationalError):
+    if database_busy(exc):
         _delay_busy([note], error)
         return
     if len(items) > 1:
@@ -371,6 +372,34 @@ def _failed(note: DerivationNote, exc: Exception, outcome: DrainOutcome) -> None
     else:
         logger.warning("derivation note %d failed (attempt %d), retried in %.0f s: %s",
                        note.pk, note.attempts, delay, error)
+
+
+# SQLSTATEs of a PostgreSQL that is busy, not of a statement that is wrong: serialization
+# failure, deadlock, lock not available, too many connections, shutting down.
+_BUSY_SQLSTATES = frozenset({"40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03"})
+
+
+def database_busy(exc: BaseException) -> bool:
+    """Whether a failure is the database's state at the time (a lock, a deadlock, a
+    lost connection), so that trying the same work again later can succeed: SQLite's
+    "database is locked" or "busy", PostgreSQL's SQLSTATEs above and class 08
+    (connection), a connection lost without a SQLSTATE. Not every OperationalError:
+    "too many SQL variables", "disk I/O error" or a statement that always runs past a
+    timeout fail the same way every time: retried as busy, uncounted, such a note
+    would wait forever, never parked, and its data would never converge."""
+    if not isinstance(exc, OperationalError):
+        return False
+    cause = exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate is not None:
+        return sqlstate in _BUSY_SQLSTATES or sqlstate.startswith("08")
+    code = getattr(cause, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    if "database is locked" in str(exc):  # dashboard.sqlite's own wait for a turn
+        return True
+    # psycopg's own connection failures (closed, lost, refused) carry no SQLSTATE.
+    return type(cause).__module__.startswith("psycopg")
 
 
 def _delay_busy(notes: list[DerivationNote], error: str) -> None:

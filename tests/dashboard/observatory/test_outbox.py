@@ -145,6 +145,77 @@ def test_it_never_parks_a_note_for_a_busy_database(client, auth, records, crash_
     assert sorted(Conversation.objects.values_list("external_id", "messages")) == [("a", 1), ("b", 1)]
 
 
+def _wrapped(cause: Exception):
+    """The OperationalError Django raises for ``cause`` (its driver's error)."""
+    from django.db import OperationalError
+
+    try:
+        raise OperationalError(str(cause)) from cause
+    except OperationalError as exc:
+        return exc
+
+
+def test_a_real_sqlite_lock_is_busy_and_a_real_sqlite_error_is_not(tmp_path):
+    import sqlite3
+
+    holder = sqlite3.connect(tmp_path / "db.sqlite3", isolation_level=None)
+    waiter = sqlite3.connect(tmp_path / "db.sqlite3", isolation_level=None, timeout=0)
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(sqlite3.OperationalError) as locked:
+        waiter.execute("BEGIN IMMEDIATE")
+    with pytest.raises(sqlite3.OperationalError) as wrong:
+        waiter.execute("SELECT no_such_function()")
+    holder.close(), waiter.close()
+    assert outbox.database_busy(_wrapped(locked.value))
+    assert not outbox.database_busy(_wrapped(wrong.value))
+
+
+@pytest.mark.parametrize("sqlstate, busy", [
+    ("40P01", True), ("40001", True), ("55P03", True), ("08006", True), ("57P01", True),
+    ("57014", False), ("54000", False), ("22P02", False),
+])
+def test_a_postgresql_error_is_busy_by_its_sqlstate(sqlstate, busy):
+    import psycopg.errors
+
+    assert outbox.database_busy(_wrapped(psycopg.errors.lookup(sqlstate)("from the server"))) is busy
+
+
+def test_a_lost_postgresql_connection_is_busy_and_other_errors_are_not():
+    import psycopg
+
+    assert outbox.database_busy(_wrapped(psycopg.OperationalError("server closed the connection unexpectedly")))
+    assert not outbox.database_busy(ValueError("database is locked"))
+
+
+def test_a_note_failing_the_same_way_every_time_is_parked_not_retried_forever(
+        client, auth, records, crash_after_commit, monkeypatch, settings):
+    """An OperationalError that is not the database being busy ("no such function",
+    too many SQL variables, a statement always past its timeout) counts as a failure:
+    split, backed off, parked with its error. Retried as busy, uncounted, such a note
+    waited forever and nothing after it was reported as converged."""
+    import sqlite3
+
+    settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 0
+    post(client, auth, [records.message(conversation="a"), records.message(conversation="b")])
+    real = tasks.conversation_totals_refresh
+
+    def broken_for_a(ids, minutes=None):
+        if Conversation.objects.filter(pk__in=ids, external_id="a").exists():
+            try:
+                sqlite3.connect(":memory:").execute("SELECT no_such_function()")
+            except sqlite3.OperationalError as exc:
+                raise _wrapped(exc) from exc
+        return real(ids, minutes)
+
+    monkeypatch.setattr(tasks, "conversation_totals_refresh", broken_for_a)
+    for _ in range(outbox.MAX_ATTEMPTS + 2):
+        outbox.outbox_drain_all()
+    parked = DerivationNote.objects.get()
+    assert parked.parked and "no such function" in parked.last_error
+    assert parked.conversation_ids == [Conversation.objects.get(external_id="a").pk]
+    assert Conversation.objects.get(external_id="b").messages == 1
+
+
 def test_a_busy_merged_pass_is_retried_merged_not_note_by_note(client, auth, records, crash_after_commit, monkeypatch):
     """"database is locked" on a pass of many notes delays them all, uncounted, for one
     merged pass later: deriving them one by one had each recompute its hour (6,000
