@@ -518,18 +518,19 @@ def wait_until_converged(project_id: int, *, timeout: float, every: float = 1.0,
 
 
 def waiting_notes(project_id: int, limit: int = 10) -> list[str]:
-    """The derivation notes still waiting, one line each (what they are about, their
-    attempts, when they are due, the last error): why a run did not converge."""
+    """The derivation notes still there, waiting or parked, one line each (what they
+    are about, their attempts, when they are due, the last error): why a run did not
+    converge."""
     from django.utils import timezone
 
     from dashboard.observatory.models import DerivationNote
 
     now = timezone.now()
     lines = []
-    for note in DerivationNote.objects.filter(project_id=project_id, parked=False).order_by("id")[:limit]:
+    for note in DerivationNote.objects.filter(project_id=project_id).order_by("id")[:limit]:
         lease = f", leased for {(note.claimed_until - now).total_seconds():.0f} s" if note.claimed_until else ""
-        lines.append(f"{note}; {note.attempts} attempts, due in "
-                     f"{(note.available_at - now).total_seconds():.0f} s{lease}; last error: {note.last_error[:200] or '-'}")
+        state = "PARKED" if note.parked else f"due in {(note.available_at - now).total_seconds():.0f} s{lease}"
+        lines.append(f"{note}; {note.attempts} attempts, {state}; last error: {note.last_error[:200] or '-'}")
     return lines
 
 

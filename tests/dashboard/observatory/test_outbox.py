@@ -4,6 +4,7 @@ drained idempotently, claimed under a lease, failures contained per conversation
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -464,3 +465,19 @@ def test_on_sqlite_a_killed_drainer_leaves_no_lock_behind(sqlite_file):
     finally:
         holder.kill()
         holder.wait(10)
+
+
+def test_the_soak_says_which_notes_kept_it_from_converging(client, auth, records, crash_after_commit, settings):
+    """benchmarks.load.waiting_notes: the notes still there, waiting or parked, with
+    their attempts, when they are due and their last error."""
+    from benchmarks.load import waiting_notes
+
+    post(client, auth, [records.message(conversation="a")])
+    post(client, auth, [records.message(conversation="b")])
+    first, second = DerivationNote.objects.order_by("id")
+    DerivationNote.objects.filter(pk=first.pk).update(parked=True, attempts=5, last_error="ValueError: <bad>")
+    DerivationNote.objects.filter(pk=second.pk).update(available_at=timezone.now() + timedelta(seconds=90))
+    lines = waiting_notes(first.project_id)
+    assert len(lines) == 2
+    assert "5 attempts, PARKED; last error: ValueError: <bad>" in lines[0]
+    assert re.search(r"0 attempts, due in (89|90) s; last error: -$", lines[1])
