@@ -478,8 +478,8 @@ ROLLUP_SLICE = timedelta(minutes=1)  # a slice is what models.minute_of names
 MINUTE_MARK = ""
 
 
-def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime] = (),
-                         minutes: Iterable[datetime] = ()) -> int:
+def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime] = (), minutes: Iterable[datetime] = (),
+                         step: Callable[[], ContextManager[Any]] = nullcontext) -> int:
     """Recompute tool statistics from the rows, minute by minute: the given
     minutes, and every minute of the given hours (the sweep, a repricing, a note
     written before the slices); then sum each hour touched from its minute slices.
@@ -496,7 +496,9 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime] = (),
     drainers recomputing one minute can finish in any order, and the one that read
     first would otherwise overwrite the newer figures with stale ones that no later
     note corrects (the soak once ended 1,462 calls behind so). The hour's sum is
-    taken in the same transaction, from the slices as they are then."""
+    taken in the same transaction, from the slices as they are then. That
+    transaction is inside ``step()``; the reading before it is not (the beat: on
+    SQLite the drain lock is held for an hour's writes, not for reading its rows)."""
     by_hour: dict[datetime, list[datetime]] = defaultdict(list)
     for minute in rollup_minutes(hours=hours, minutes=minutes):
         by_hour[hour_of(minute)].append(minute)
@@ -504,7 +506,7 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime] = (),
     for hour, hour_minutes in sorted(by_hour.items()):
         began = timezone.now()
         slices = {minute: _minute_stats(project_id, minute) for minute in hour_minutes}
-        with transaction.atomic():
+        with step(), transaction.atomic():
             newer = _slices_newer(project_id, hour, hour_minutes, began)
             fresh = {minute: stats for minute, stats in slices.items() if minute not in newer}
             ToolMinuteRollup.objects.filter(project_id=project_id, minute__in=list(fresh)).delete()
@@ -726,6 +728,7 @@ def links_refresh(
     artifact_ids: Iterable[str] | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    step: Callable[[], ContextManager[Any]] = nullcontext,
 ) -> dict[str, Any]:
     """Link what arrived recently and is still unlinked:
 
@@ -749,7 +752,11 @@ def links_refresh(
     time indexes, and at most BEAT_SPAN_LIMIT unlinked spans, the newest.
 
     Tool executions are read LINK_CHUNK at a time (``keyset_pages``), so memory is
-    bounded by the chunk whatever the scope holds.
+    bounded by the chunk whatever the scope holds. Each page's links, and the spans'
+    and artifacts' at the end, are written inside ``step()`` (the beat: on SQLite the
+    drain lock, so the outbox drains between pages). Held for the whole pass, the lock
+    kept every drainer out for minutes at the end of the hour-long soak: the beat read
+    6.7M tool executions, 0.7M of them unlinked, and the last notes of the load waited.
 
     Only links are added, never changed, so running it again changes nothing.
     Returns counts, the ids of conversations that gained spans (their totals
@@ -781,39 +788,41 @@ def links_refresh(
     pages = keyset_pages(executions_in_scope, order, (
         "id", "tool_call_id", "trace_id", "span_id", "linked_span_id", "artifact_id"), LINK_CHUNK) if read else ()
     for in_scope in pages:
-        learned_traces = _executions_link(project_id, in_scope, counts) if project_has_spans else set()
-        if project_has_spans and scoped:
-            traces = {row[2] for row in in_scope if row[2]} | learned_traces
-            _spans_link(project_id, _spans_by_calls_or_traces(unlinked_spans, {row[1] for row in in_scope}, traces),
-                        counts, gained, linked_traces)
-        if scoped and artifact_ids is None:
-            named = {row[5] for row in in_scope if row[5]}
-            if named:
-                _artifacts_link(project_id, Artifact.objects.filter(
-                    project_id=project_id, tool_execution__isnull=True, artifact_id__in=named), counts)
+        with step():
+            learned_traces = _executions_link(project_id, in_scope, counts) if project_has_spans else set()
+            if project_has_spans and scoped:
+                traces = {row[2] for row in in_scope if row[2]} | learned_traces
+                _spans_link(project_id, _spans_by_calls_or_traces(
+                    unlinked_spans, {row[1] for row in in_scope}, traces), counts, gained, linked_traces)
+            if scoped and artifact_ids is None:
+                named = {row[5] for row in in_scope if row[5]}
+                if named:
+                    _artifacts_link(project_id, Artifact.objects.filter(
+                        project_id=project_id, tool_execution__isnull=True, artifact_id__in=named), counts)
         yield_to_pages()
 
-    # Spans -> conversations, by what is not a tool execution.
-    if project_has_spans and conversation_list:
-        # Traces a round record of these conversations describes (received in scope too).
-        round_traces = set(
-            Round.objects.filter(project_id=project_id, conversation_id__in=conversation_list, **received)
-            .exclude(trace_id="").values_list("trace_id", flat=True)
-        )
-        _spans_link(project_id, _spans_by_calls_or_traces(unlinked_spans, set(), round_traces), counts, gained,
-                    linked_traces)
-    elif project_has_spans and not scoped:
-        # span_project_time, newest first; received_at has no index to bound it by
-        _spans_link(project_id, [unlinked_spans.filter(start_time__gte=since).order_by("-start_time")[:BEAT_SPAN_LIMIT]],
-                    counts, gained, linked_traces)
+    with step():
+        # Spans -> conversations, by what is not a tool execution.
+        if project_has_spans and conversation_list:
+            # Traces a round record of these conversations describes (received in scope too).
+            round_traces = set(
+                Round.objects.filter(project_id=project_id, conversation_id__in=conversation_list, **received)
+                .exclude(trace_id="").values_list("trace_id", flat=True)
+            )
+            _spans_link(project_id, _spans_by_calls_or_traces(unlinked_spans, set(), round_traces), counts, gained,
+                        linked_traces)
+        elif project_has_spans and not scoped:
+            # span_project_time, newest first; received_at has no index to bound it by
+            _spans_link(project_id, [unlinked_spans.filter(start_time__gte=since).order_by("-start_time")[:BEAT_SPAN_LIMIT]],
+                        counts, gained, linked_traces)
 
-    # Artifacts -> tool executions (after a records batch: those its executions name, above).
-    if artifact_ids is not None:
-        _artifacts_link(project_id, Artifact.objects.filter(
-            project_id=project_id, tool_execution__isnull=True, artifact_id__in=set(artifact_ids)), counts)
-    elif not scoped:
-        _artifacts_link(project_id, Artifact.objects.filter(
-            project_id=project_id, tool_execution__isnull=True, created_at__gte=since), counts)
+        # Artifacts -> tool executions (after a records batch: those its executions name, above).
+        if artifact_ids is not None:
+            _artifacts_link(project_id, Artifact.objects.filter(
+                project_id=project_id, tool_execution__isnull=True, artifact_id__in=set(artifact_ids)), counts)
+        elif not scoped:
+            _artifacts_link(project_id, Artifact.objects.filter(
+                project_id=project_id, tool_execution__isnull=True, created_at__gte=since), counts)
     counts["conversation_ids"] = sorted(gained)
     counts["trace_ids"] = sorted(linked_traces)
     return counts

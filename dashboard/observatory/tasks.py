@@ -5,7 +5,8 @@ eagerly in-process after the ingest transaction commits."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager
 
 from celery import shared_task
 from django.utils import timezone
@@ -37,7 +38,7 @@ def tool_rollups_refresh(project_id: int, hours: list[str], minutes: list[str] |
 def links_refresh(
     project_id: int, conversation_ids: list[int] | None = None, artifact_ids: list[str] | None = None,
     since: str | None = None, trace_ids: list[str] | None = None, until: str | None = None,
-    minutes_changed: list[str] | None = None,
+    minutes_changed: list[str] | None = None, step: Callable[[], ContextManager[Any]] = nullcontext,
 ) -> dict[str, Any]:
     """Without ids: everything unlinked of the last two days (the beat's pass).
     ``since`` and ``until`` (ISO times, JSON-safe for the broker): with
@@ -47,31 +48,41 @@ def links_refresh(
     are derived from whenever they were received).
     ``minutes_changed``: those whose tool rows the batches changed (ISO times), recounted in
     the totals of the conversations that gained spans with the minutes of the rows
-    derived here."""
+    derived here.
+    ``step`` (direct calls only, not through a broker): each part of the pass is written
+    inside it (the beat's: ``drain_exclusive``; see derivations.links_refresh)."""
     since_time = datetime.fromisoformat(since) if since else None
     until_time = datetime.fromisoformat(until) if until else None
     counts = derivations.links_refresh(
         project_id=project_id, conversation_ids=conversation_ids, artifact_ids=artifact_ids, since=since_time,
-        until=until_time,
+        until=until_time, step=step,
     )
     if counts["conversation_ids"]:
         # Spans that just joined a conversation may be model or tool calls: their rows first
         # (after a batch: the spans received since, and those of the traces just linked).
-        minutes = span_rows.span_rows_derive(project_id=project_id, conversation_ids=counts["conversation_ids"],
-                                             since=since_time, until=until_time,
-                                             trace_ids=[*counts["trace_ids"], *(trace_ids or ())])
-        derivations.conversation_totals_refresh(
-            conversation_ids=counts["conversation_ids"],
-            minutes=minutes | {datetime.fromisoformat(minute) for minute in minutes_changed or ()})
-        if minutes:
-            derivations.tool_rollups_refresh(project_id=project_id, minutes=minutes)
+        with step():
+            _gained_derive(project_id, counts, since_time, until_time, trace_ids, minutes_changed)
     if artifact_ids is None or conversation_ids is not None:
         # Log records that arrived before their span get the span's conversation.
-        counts["log_records"] = derivations.log_records_link(
-            project_id=project_id,
-            conversation_ids=None if conversation_ids is None else [*conversation_ids, *counts["conversation_ids"]],
-        )
+        with step():
+            counts["log_records"] = derivations.log_records_link(
+                project_id=project_id,
+                conversation_ids=None if conversation_ids is None else [*conversation_ids, *counts["conversation_ids"]],
+            )
     return counts
+
+
+def _gained_derive(project_id: int, counts: dict[str, Any], since: datetime | None, until: datetime | None,
+                   trace_ids: list[str] | None, minutes_changed: list[str] | None) -> None:
+    """Rows, totals and rollups of the conversations a link pass gave spans."""
+    minutes = span_rows.span_rows_derive(project_id=project_id, conversation_ids=counts["conversation_ids"],
+                                         since=since, until=until,
+                                         trace_ids=[*counts["trace_ids"], *(trace_ids or ())])
+    derivations.conversation_totals_refresh(
+        conversation_ids=counts["conversation_ids"],
+        minutes=minutes | {datetime.fromisoformat(minute) for minute in minutes_changed or ()})
+    if minutes:
+        derivations.tool_rollups_refresh(project_id=project_id, minutes=minutes)
 
 
 @shared_task(name="observatory.outbox_drain")
@@ -90,21 +101,21 @@ def rollup_recent_hours(hours_back: int = 3, slice_minutes_back: int = 70) -> in
     conversations' minute slices of the last ``slice_minutes_back`` minutes (their
     minutes are noted exactly: only a race can leave one behind).
 
-    On SQLite each step (the links, an hour of rollups, a step of slices) holds the
-    drain lock, so it runs between drainers' passes and the outbox drains between its
-    steps. Held for the whole job, the hour-long soak's last notes waited behind it
-    for minutes (it reads hours of rows on a busy database)."""
+    On SQLite each step (a page of links, the writes of an hour of rollups, a step of
+    slices) holds the drain lock, so it runs between drainers' passes and the outbox
+    drains between its steps; reading is done outside it. Held for the whole job, the
+    hour-long soak's last notes waited behind it for minutes (it reads hours of rows
+    on a busy database); held for the whole link pass, they did again (2 notes still
+    waiting 240 s after the load: the pass read 6.7M tool executions)."""
     from .outbox import drain_exclusive
 
     now = timezone.now()
     since = now - timedelta(hours=hours_back)
     written = 0
     for project_id in Project.objects.values_list("pk", flat=True):
-        with drain_exclusive():
-            links_refresh(project_id)
+        links_refresh(project_id, step=drain_exclusive)
         for hour in sorted(derivations.hours_with_rows(project_id=project_id, since=since)):
-            with drain_exclusive():
-                written += derivations.tool_rollups_refresh(project_id=project_id, hours=[hour])
+            written += derivations.tool_rollups_refresh(project_id=project_id, hours=[hour], step=drain_exclusive)
         derivations.slices_sweep(project_id=project_id, since=now - timedelta(minutes=slice_minutes_back),
                                  step=drain_exclusive)
     return written

@@ -61,3 +61,49 @@ def test_the_beats_link_pass_links_executions_past_one_page(project, records, mo
     counts = derivations.links_refresh(project_id=project.pk)
     assert counts["tool_executions"] == len(calls)
     assert not ToolExecution.objects.filter(linked_span=None).exists()
+
+
+def test_the_beats_link_pass_writes_a_page_at_a_time_inside_its_step_and_reads_outside(project, records, monkeypatch):
+    """With ``step`` (the beat's: on SQLite the drain lock), each page's links are
+    written inside one step and the next page is read outside any: the outbox drains
+    between pages. Held for the whole pass, the hour-long soak's last notes waited
+    while the beat read 6.7M tool executions."""
+    import contextlib
+
+    monkeypatch.setattr(derivations, "LINK_CHUNK", 2)
+    calls = [f"call_{n}" for n in range(5)]
+    records_store(project=project, records=[parse_record(records.tool_result(result={"tool_call_id": call}))
+                                            for call in calls])
+    now = datetime.now(timezone.utc)
+    Span.objects.bulk_create([
+        Span(project=project, trace_id=f"{n + 1:032x}", span_id=f"{n + 1:016x}", start_time=now, end_time=now,
+             tool_call_id=call) for n, call in enumerate(calls)])
+    held, steps, linked_inside = [], [], []
+
+    @contextlib.contextmanager
+    def step():
+        assert not held, "a step began inside another"
+        held.append(True)
+        steps.append(1)
+        try:
+            yield
+        finally:
+            held.pop()
+
+    real_pages, real_link = derivations.keyset_pages, derivations._executions_link
+
+    def pages(*args):
+        for page in real_pages(*args):
+            assert not held, "a page was read inside a step"
+            yield page
+
+    def link(*args):
+        linked_inside.append(bool(held))
+        return real_link(*args)
+
+    monkeypatch.setattr(derivations, "keyset_pages", pages)
+    monkeypatch.setattr(derivations, "_executions_link", link)
+    counts = derivations.links_refresh(project_id=project.pk, step=step)
+    assert counts["tool_executions"] == len(calls)
+    assert linked_inside == [True] * 3  # 5 executions, 2 a page
+    assert len(steps) == 3 + 1  # the pages, then the spans and artifacts
