@@ -49,7 +49,8 @@ def test_rows_that_leave_the_query_while_it_is_read_skip_none_of_the_others(proj
     assert sorted(seen) == sorted(row.pk for row in rows) and len(seen) == len(set(seen))
 
 
-def test_the_beats_link_pass_links_executions_past_one_page(project, records, monkeypatch):
+def five_calls_to_link_two_a_page(project, records, monkeypatch) -> list[str]:
+    """Five tool executions unlinked, each with its span, and the link pass reading two a page."""
     monkeypatch.setattr(derivations, "LINK_CHUNK", 2)
     calls = [f"call_{n}" for n in range(5)]
     records_store(project=project, records=[parse_record(records.tool_result(result={"tool_call_id": call}))
@@ -58,6 +59,11 @@ def test_the_beats_link_pass_links_executions_past_one_page(project, records, mo
     Span.objects.bulk_create([
         Span(project=project, trace_id=f"{n + 1:032x}", span_id=f"{n + 1:016x}", start_time=now, end_time=now,
              tool_call_id=call) for n, call in enumerate(calls)])
+    return calls
+
+
+def test_the_beats_link_pass_links_executions_past_one_page(project, records, monkeypatch):
+    calls = five_calls_to_link_two_a_page(project, records, monkeypatch)
     counts = derivations.links_refresh(project_id=project.pk)
     assert counts["tool_executions"] == len(calls)
     assert not ToolExecution.objects.filter(linked_span=None).exists()
@@ -70,14 +76,7 @@ def test_the_beats_link_pass_writes_a_page_at_a_time_inside_its_step_and_reads_o
     while the beat read 6.7M tool executions."""
     import contextlib
 
-    monkeypatch.setattr(derivations, "LINK_CHUNK", 2)
-    calls = [f"call_{n}" for n in range(5)]
-    records_store(project=project, records=[parse_record(records.tool_result(result={"tool_call_id": call}))
-                                            for call in calls])
-    now = datetime.now(timezone.utc)
-    Span.objects.bulk_create([
-        Span(project=project, trace_id=f"{n + 1:032x}", span_id=f"{n + 1:016x}", start_time=now, end_time=now,
-             tool_call_id=call) for n, call in enumerate(calls)])
+    calls = five_calls_to_link_two_a_page(project, records, monkeypatch)
     held, steps, linked_inside = [], [], []
 
     @contextlib.contextmanager
