@@ -4,8 +4,8 @@ eagerly in-process after the ingest transaction commits."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
 from contextlib import nullcontext
+from datetime import datetime, timedelta
 from typing import Any, Callable, ContextManager
 
 from celery import shared_task
