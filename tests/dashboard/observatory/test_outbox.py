@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from dashboard.observatory import outbox, tasks
+from dashboard.observatory import busy, outbox, tasks
 from dashboard.observatory.models import Conversation, DerivationNote, ToolHourlyRollup, ToolMinuteRollup
 from dashboard.observatory.services import derivations_enqueue
 
@@ -167,8 +167,8 @@ def test_a_real_sqlite_lock_is_busy_and_a_real_sqlite_error_is_not(tmp_path):
     with pytest.raises(sqlite3.OperationalError) as wrong:
         waiter.execute("SELECT no_such_function()")
     holder.close(), waiter.close()
-    assert outbox.database_busy(_wrapped(locked.value))
-    assert not outbox.database_busy(_wrapped(wrong.value))
+    assert busy.database_busy(_wrapped(locked.value))
+    assert not busy.database_busy(_wrapped(wrong.value))
 
 
 @pytest.mark.parametrize("sqlstate, busy", [
@@ -178,14 +178,14 @@ def test_a_real_sqlite_lock_is_busy_and_a_real_sqlite_error_is_not(tmp_path):
 def test_a_postgresql_error_is_busy_by_its_sqlstate(sqlstate, busy):
     import psycopg.errors
 
-    assert outbox.database_busy(_wrapped(psycopg.errors.lookup(sqlstate)("from the server"))) is busy
+    assert busy.database_busy(_wrapped(psycopg.errors.lookup(sqlstate)("from the server"))) is busy
 
 
 def test_a_lost_postgresql_connection_is_busy_and_other_errors_are_not():
     import psycopg
 
-    assert outbox.database_busy(_wrapped(psycopg.OperationalError("server closed the connection unexpectedly")))
-    assert not outbox.database_busy(ValueError("database is locked"))
+    assert busy.database_busy(_wrapped(psycopg.OperationalError("server closed the connection unexpectedly")))
+    assert not busy.database_busy(ValueError("database is locked"))
 
 
 def test_a_note_failing_the_same_way_every_time_is_parked_not_retried_forever(
