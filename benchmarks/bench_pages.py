@@ -82,7 +82,7 @@ def store(model, objects: list) -> None:
     if not objects:
         return
     if connection.vendor == "postgresql":
-        from dashboard.observatory.services import insert_ignoring_conflicts
+        from dashboard.observatory.rows import insert_ignoring_conflicts
 
         fields = [f for f in model._meta.concrete_fields if not f.primary_key]
         with transaction.atomic():
@@ -103,7 +103,7 @@ def seed_spans(project, conv: list, total: int, tool_executions: int, rounds_per
     from django.db import connection, transaction
 
     from dashboard.observatory.models import Span
-    from dashboard.observatory.services import insert_values_ignoring_conflicts, json_text, sqlite_datetime
+    from dashboard.observatory.rows import insert_values_ignoring_conflicts, json_text, sqlite_datetime
 
     postgres = connection.vendor == "postgresql"
     when = (lambda moment: moment) if postgres else sqlite_datetime
@@ -194,7 +194,8 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
     from django.contrib.auth import get_user_model
 
     from dashboard.accounts.services import project_create
-    from dashboard.observatory import costs, derivations
+    from dashboard.observatory import costs
+    from dashboard.observatory.derive.passes import rollups, totals
     from dashboard.tuning.pricing import PriceTable
     from dashboard.observatory.models import (
         CompressionEvent,
@@ -324,7 +325,7 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
 
     started = time.perf_counter()
     hours = {now - timedelta(hours=h) for h in range(0, 24 * 8 + 2)}
-    derivations.tool_rollups_refresh(project_id=project.pk, hours=hours)
+    rollups.tool_rollups_refresh(project_id=project.pk, hours=hours)
     print(f"  hourly tool rollups (real derivation): {time.perf_counter() - started:.1f} s", flush=True)
     started = time.perf_counter()
     costs.usage_hours_refresh(project_id=project.pk, hours=hours)
@@ -333,7 +334,7 @@ def seed(conversations: int, tool_executions: int, rounds_per_conversation: int,
         started = time.perf_counter()
         ids = [c for c, _, _ in conv]
         for i in range(0, len(ids), 2000):
-            derivations.conversation_totals_refresh(conversation_ids=ids[i: i + 2000])
+            totals.conversation_totals_refresh(conversation_ids=ids[i: i + 2000])
         print(f"  conversation totals (real derivation): {time.perf_counter() - started:.1f} s", flush=True)
     else:
         print("  conversation totals: filled in by the seeder (use --real-totals to run the derivation)")
@@ -356,7 +357,7 @@ def long_conversation(project, external_id: str, rounds: int, now: datetime, *, 
     totals and costs from the real derivation."""
     from django.db import transaction
 
-    from dashboard.observatory import derivations
+    from dashboard.observatory.derive.passes import totals
     from dashboard.observatory.models import CompressionEvent, Conversation, Round, ToolExecution
 
     rng = random.Random(seed)
@@ -389,7 +390,7 @@ def long_conversation(project, external_id: str, rounds: int, now: datetime, *, 
                              **common)
             for i in range(49, rounds, 50)
         ])
-    derivations.conversation_totals_refresh(conversation_ids=[conversation.pk])
+    totals.conversation_totals_refresh(conversation_ids=[conversation.pk])
     return conversation.pk
 
 

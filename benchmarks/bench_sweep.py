@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> None:
     from django.utils import timezone
 
     from dashboard.accounts.services import project_create
-    from dashboard.observatory import derivations
+    from dashboard.observatory.derive.passes import links, rollups, totals
     from dashboard.observatory.models import Conversation, Span, ToolExecution, minute_of
 
     project = project_create(name="sweep", slug=f"sweep-{uuid.uuid4().hex[:8]}")
@@ -78,17 +78,17 @@ def run(args: argparse.Namespace) -> None:
     Span.objects.create(project=project, trace_id="1" * 32, span_id="1" * 16, start_time=start, end_time=start)
 
     began = time.perf_counter()
-    updated = derivations.slices_sweep(project_id=project.pk, since=start)
+    updated = totals.slices_sweep(project_id=project.pk, since=start)
     sweep_seconds = time.perf_counter() - began
     began = time.perf_counter()
-    hours = derivations.hours_with_rows(project_id=project.pk, since=start)
+    hours = rollups.hours_with_rows(project_id=project.pk, since=start)
     hours_seconds = time.perf_counter() - began
     began = time.perf_counter()
-    derivations.links_refresh(project_id=project.pk)
+    links.links_refresh(project_id=project.pk)
     links_seconds = time.perf_counter() - began
     peaks = []
-    for beat_read in (lambda: derivations.slices_sweep(project_id=project.pk, since=start),
-                      lambda: derivations.links_refresh(project_id=project.pk)):
+    for beat_read in (lambda: totals.slices_sweep(project_id=project.pk, since=start),
+                      lambda: links.links_refresh(project_id=project.pk)):
         tracemalloc.start()
         beat_read()
         peaks.append(tracemalloc.get_traced_memory()[1] / 2**20)

@@ -210,7 +210,7 @@ CELERY_BROKER_URL = env.env_str("CELERY_BROKER_URL")
 CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
 CELERY_TASK_EAGER_PROPAGATES = True
 # With no broker, derivations run on one background thread per process that merges
-# what ingest batches touched (dashboard/observatory/dispatch.py); under tests, inline.
+# what ingest batches touched (dashboard/observatory/derive/runner.py); under tests, inline.
 OBSERVATORY_DERIVE_DELAY_MS = env.env_int("OBSERVATORY_DERIVE_DELAY_MS", 500, minimum=0)
 # First wait before a failed derivation note is tried again (then doubling, parked after 5 tries).
 OBSERVATORY_DERIVE_RETRY_SECONDS = env.env_int("OBSERVATORY_DERIVE_RETRY_SECONDS", 2, minimum=0)

@@ -11,7 +11,7 @@ application = get_wsgi_application()
 # process left in the outbox are derived even before the next request. Under
 # gunicorn with preload_app the module is imported in the master, and the thread
 # is started in each worker after the fork instead (deploy/gunicorn.conf.py).
-from dashboard.observatory.dispatch import start_background  # noqa: E402
+from dashboard.observatory.derive.runner import start_background  # noqa: E402
 
 if os.environ.get("OBSERVATORY_BACKGROUND_AFTER_FORK") != "1":
     start_background()

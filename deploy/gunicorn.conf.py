@@ -115,7 +115,7 @@ def post_fork(server, worker):
     if board is not None:
         board.mark(0.0)  # whatever a killed predecessor on this slot left
     if preload_app:
-        from dashboard.observatory.dispatch import start_background
+        from dashboard.observatory.derive.runner import start_background
 
         start_background()
 

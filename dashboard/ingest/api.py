@@ -24,7 +24,8 @@ from pydantic import TypeAdapter
 
 from dashboard import converters  # noqa: F401  (registers artifact_id)
 from dashboard.accounts.models import Project
-from dashboard.observatory.services import StoreOutcome, artifact_store, derivations_enqueue, records_store
+from dashboard.observatory.derive.notes import derivations_enqueue
+from dashboard.observatory.services import StoreOutcome, artifact_store, records_store
 from dashboard.priority import yield_to_pages
 from dashboard.tuning.services import config_body_and_etag, effective_config
 from pipeline import IngestResponse, Record, RecordSchemaError, parse_record

@@ -683,7 +683,7 @@ def derivations_keep_up() -> None:
     with _backlog_lock:
         read_at, behind = _backlog_read
         if now - read_at >= BACKLOG_READ_EVERY:
-            from dashboard.observatory.outbox import backlog_seconds
+            from dashboard.observatory.derive.notes import backlog_seconds
 
             behind = reconnecting(backlog_seconds)
             _backlog_read = (now, behind)

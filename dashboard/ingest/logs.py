@@ -27,7 +27,7 @@ from django.utils import timezone as dj_timezone
 from dashboard.accounts.models import Project
 from dashboard.observatory.conventions import text_of
 from dashboard.observatory.models import LogRecord, Span
-from dashboard.observatory.services import conversations_get_or_create, insert_ignoring_conflicts
+from dashboard.observatory.rows import conversations_get_or_create, insert_ignoring_conflicts
 
 from .group_commit import Pending, pending_store
 from .otlp_logs import LogRow

@@ -73,7 +73,7 @@ import httptools
 from django.conf import settings
 from django.db import close_old_connections, connections
 
-from dashboard.observatory.dispatch import background_stop
+from dashboard.observatory.derive.runner import background_stop
 
 from .common import BUSY_RETRY_AFTER, IngestError, decode_content
 from .export import LOGS, TRACES, ExportOutcome, ExportRequest, otlp_export_all

@@ -50,9 +50,9 @@ from dashboard.accounts.models import Project
 from dashboard.observatory.conventions import KEYS as CONVENTION_KEYS
 from dashboard.observatory.conventions import is_genai, link_facts
 from dashboard.observatory.models import Conversation, Span, ToolExecution
-from dashboard.observatory.services import (
+from dashboard.observatory.derive.notes import derivations_enqueue
+from dashboard.observatory.rows import (
     conversations_get_or_create,
-    derivations_enqueue,
     insert_values_ignoring_conflicts,
     json_text,
     read_together,

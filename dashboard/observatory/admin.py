@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from dashboard.accounts.admin import ProjectScopedAdmin
 
 from .models import DerivationNote
-from .outbox import notes_retry
+from .derive.notes import notes_retry
 
 
 @admin.register(DerivationNote)

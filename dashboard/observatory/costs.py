@@ -6,7 +6,7 @@ stay one indexed read: the derivations call in here when they recompute a
 conversation's totals (round and conversation costs, and the hourly usage rollup
 of the hours its start moved between) or an hour of tool rollups (observation
 tokens priced at the input rate of the call's model). A price rule saved or
-deleted in the admin re-derives what it may have priced (``costs_reprice``).
+deleted in the admin re-derives what it may have priced (``derive.reprice``).
 
 Amounts are integers of pico-USD (1e-12 USD), so every total equals the sum of
 its parts exactly. A model with no price is never counted as 0: rounds without a
@@ -24,11 +24,11 @@ from django.db.models import Count, F, Q, Sum
 
 from dashboard.tuning.pricing import PriceTable
 
-from .models import Conversation, Round, ToolExecution, ToolHourlyRollup, UsageHourlyRollup, hour_of
+from .models import Conversation, Round, UsageHourlyRollup, hour_of
+from .rows import update_rows
 
 # The Conversation columns conversation_totals_refresh writes for us.
 CONVERSATION_FIELDS = ["cost_pico_usd", "unpriced_rounds"]
-REPRICE_BATCH = 1_000
 USAGE_FIELDS = ("conversations", "conversations_with_errors", "input_tokens", "output_tokens", "cost_pico_usd",
                 "priced_conversations", "unpriced_rounds")
 
@@ -42,8 +42,6 @@ class ConversationPricing:
     hours: dict[int, set[datetime]] = field(default_factory=lambda: defaultdict(set))
 
     def save(self) -> None:
-        from .derivations import update_rows
-
         update_rows(Round, self.rounds, ["cost_pico_usd"])
         for project_id, hours in self.hours.items():
             usage_hours_refresh(project_id=project_id, hours=hours)
@@ -139,36 +137,3 @@ def tool_call_costs(stats: dict[str, dict[str, Any]], executions: Any, at: datet
             entry = stats[row["tool_name"]]
             entry["cost_pico_usd"] += price.cost(row["tokens"] or 0)
             entry["priced_calls"] += row["calls"]
-
-
-def costs_reprice(*, patterns: Iterable[str]) -> dict[str, int]:
-    """After price rules with these patterns changed: re-derive, through the
-    derivation entry point, the conversations and tool hours of every project
-    whose rows name a model one of the patterns matches. Returns counts."""
-    from dashboard.tuning.patterns import match_rank
-
-    from .services import derivations_enqueue
-
-    patterns = [p for p in patterns if p]
-    models: set[str] = set()
-    for source in (Conversation, Round, ToolExecution):
-        models |= set(source.objects.exclude(model="").values_list("model", flat=True).distinct())
-    matching = sorted(m for m in models if any(match_rank(p, m) is not None for p in patterns))
-    counts = {"conversations": 0, "hours": 0}
-    if not matching:
-        return counts
-    affected = (
-        Conversation.objects.filter(Q(model__in=matching) | Q(round_set__model__in=matching))
-        .values_list("project_id", "id").distinct().order_by("project_id", "id")
-    )
-    by_project: dict[int, list[int]] = defaultdict(list)
-    for project_id, pk in affected.iterator(chunk_size=5_000):
-        by_project[project_id].append(pk)
-    for project_id, ids in by_project.items():
-        hours = list(ToolHourlyRollup.objects.filter(project_id=project_id).values_list("hour", flat=True).distinct())
-        for i in range(0, len(ids), REPRICE_BATCH):
-            derivations_enqueue(project_id=project_id, conversation_ids=ids[i: i + REPRICE_BATCH],
-                                hours=hours if i == 0 else ())
-        counts["conversations"] += len(ids)
-        counts["hours"] += len(hours)
-    return counts

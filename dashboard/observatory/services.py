@@ -3,24 +3,21 @@
 ``records_store`` is the ingest fast path: a fixed number of queries per batch
 whatever its size (get-or-create the conversations in bulk, then one bulk insert
 per record type that skips record ids already stored), all in the caller's
-transaction. Everything derived is left to the tasks, enqueued after commit by
-``derivations_enqueue``.
+transaction. Everything derived is left to the derivation passes, noted in the
+same transaction by ``derivations_enqueue`` (derive.notes).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import operator
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
-from typing import IO, Any, Iterable, Sequence
+from typing import IO, Any, Sequence
 
 from django.conf import settings
 from django.core.files.base import File
-from django.db import IntegrityError, connections, models, router, transaction
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
@@ -52,10 +49,11 @@ from .models import (
     UsageHourlyRollup,
     artifact_file_name,
     artifact_storage,
-    hour_of,
     minute_of,
 )
+from .derive.notes import derivations_enqueue
 from .partitions import span_retention_cutoff
+from .rows import conversations_get_or_create, insert_ignoring_conflicts
 
 
 @dataclass
@@ -67,40 +65,6 @@ class StoreOutcome:
 
 
 # --- records ----------------------------------------------------------------------
-
-def conversations_get_or_create(
-    *, project: Project, first_seen: dict[str, tuple[datetime, datetime]]
-) -> dict[str, int]:
-    """Conversation pk by external id, creating the missing ones in bulk.
-
-    ``first_seen`` maps external id -> (earliest, latest) time seen in this batch,
-    used as started_at / last_activity_at of a new conversation. Two to three
-    queries whatever the number of conversations; a concurrent creator is absorbed
-    by ignore_conflicts and the re-read.
-    """
-    ids = list(first_seen)
-    found = dict(
-        Conversation.objects.filter(project=project, external_id__in=ids).values_list("external_id", "pk")
-    )
-    missing = [external_id for external_id in ids if external_id not in found]
-    if missing:
-        Conversation.objects.bulk_create(
-            [
-                Conversation(
-                    project=project,
-                    external_id=external_id,
-                    started_at=first_seen[external_id][0],
-                    last_activity_at=first_seen[external_id][1],
-                )
-                for external_id in missing
-            ],
-            ignore_conflicts=True,
-        )
-        found.update(
-            Conversation.objects.filter(project=project, external_id__in=missing).values_list("external_id", "pk")
-        )
-    return found
-
 
 def _common(record: Any, project: Project, conversation_id: int) -> dict[str, Any]:
     return {
@@ -285,198 +249,6 @@ def records_store(*, project: Project, records: Sequence[Any]) -> StoreOutcome:
             if record_type == "tool_result":
                 outcome.tool_minutes.update(minute_of(record.occurred_at) for record in items)
     return outcome
-
-
-# --- bulk insert --------------------------------------------------------------------
-
-# One encoder for the module (json.dumps with options builds one per call); compact
-# and UTF-8 as is: the stored text is only ever read back as JSON.
-json_text = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-
-_PLAIN_TYPES = {
-    "AutoField", "BigAutoField", "BigIntegerField", "BooleanField", "CharField", "FloatField", "ForeignKey",
-    "IntegerField", "PositiveIntegerField", "PositiveSmallIntegerField", "SmallIntegerField", "TextField",
-}
-
-
-def sqlite_datetime(value: datetime | None) -> str | None:
-    """What Django's SQLite backend stores for a datetime: naive UTC as text."""
-    if value is None:
-        return None
-    if value.tzinfo is not None:
-        value = value.astimezone(dt_timezone.utc).replace(tzinfo=None)
-    return str(value)
-
-
-def _uuid_hex(value: uuid.UUID | None) -> str | None:
-    return None if value is None else value.hex
-
-
-def _adapter(field: models.Field, connection: Any) -> Any:
-    """How a Python value of this column becomes what the driver takes: None when
-    as it is, else a plain function (Django's ``get_db_prep_save`` does the same
-    but costs more than the database on this path)."""
-    kind = field.get_internal_type()
-    if kind in _PLAIN_TYPES:
-        return None
-    if kind == "JSONField" and field.encoder is None:
-        return json_text
-    if connection.vendor == "sqlite" and kind == "DateTimeField":
-        return sqlite_datetime
-    if connection.vendor == "sqlite" and kind == "UUIDField":
-        return _uuid_hex
-    if connection.vendor == "postgresql" and kind in ("DateTimeField", "UUIDField"):
-        return None  # psycopg adapts aware datetimes and UUIDs natively
-    return lambda value: field.get_db_prep_save(value, connection)
-
-
-def read_together(queries: Sequence[tuple[str, Sequence[Any]]], using: str = "default") -> list[list[tuple[Any, ...]]]:
-    """The rows of each query (sql, params), in order. On PostgreSQL they go as one
-    query string (the simple protocol: Django's psycopg cursor binds parameters
-    client-side), one round trip for all; SQLite runs one statement at a time, each
-    a local read."""
-    if not queries:
-        return []
-    connection = connections[using]
-    together = (connection.vendor == "postgresql" and len(queries) > 1
-                and not connection.settings_dict["OPTIONS"].get("server_side_binding"))
-    with connection.cursor() as cursor:
-        if not together:  # (server-side binding prepares each statement: one at a time)
-            results = []
-            for sql, params in queries:
-                cursor.execute(sql, params)
-                results.append(cursor.fetchall())
-            return results
-        cursor.execute("; ".join(sql for sql, _ in queries), [value for _, params in queries for value in params])
-        results = [cursor.fetchall()]
-        while cursor.nextset():
-            results.append(cursor.fetchall())
-        return results
-
-
-def insert_ignoring_conflicts(model: type[models.Model], rows: Sequence[dict[str, Any]]) -> int:
-    """Insert rows given as {attname: Python value} (columns left out take their
-    default), skipping those that hit a unique constraint; returns how many were
-    inserted. A conflict is a retry of the same record_id, so skipping it is right."""
-    if not rows:
-        return 0
-    connection = connections[router.db_for_write(model)]
-    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
-    defaults = {f.attname: f.get_default() for f in fields}
-    pick = operator.itemgetter(*defaults)  # the row's values in column order, at C speed
-    adapted = [(i, adapt) for i, f in enumerate(fields) if (adapt := _adapter(f, connection)) is not None]
-    values = []
-    for row in rows:
-        row_values = list(pick({**defaults, **row}))
-        for i, adapt in adapted:
-            if row_values[i] is not None:
-                row_values[i] = adapt(row_values[i])
-        values.append(row_values)
-    return insert_values_ignoring_conflicts(model, [f.column for f in fields], values)
-
-
-def insert_values_ignoring_conflicts(
-    model: type[models.Model], columns: Sequence[str], values: Sequence[Sequence[Any]], *, optimistic: bool = False
-) -> int:
-    """INSERT … ON CONFLICT DO NOTHING of rows already adapted to the driver, in
-    the caller's transaction; returns the rows inserted.
-
-    - SQLite: one prepared statement run with ``executemany``;
-    - PostgreSQL: ``COPY`` straight into the table, in a savepoint. COPY cannot
-      skip conflicts, but a conflict is rare (a retried batch), and psycopg
-      formats COPY rows far cheaper than statement parameters; the database
-      writes each row once. When the COPY hits a unique constraint the savepoint
-      undoes it and the rows go through ``_copy_via_staging``, which skips them.
-      ``optimistic``: no savepoint (two round trips and a subtransaction fewer), for
-      a caller that can run its transaction again: a conflict raises IntegrityError
-      and leaves the transaction to roll back (the group commit's first try).
-
-    What ``bulk_create(ignore_conflicts=True)`` does, without its per-row model
-    instances and SQL compilation, and without SQLite's 999-parameter batches.
-    """
-    if not values:
-        return 0
-    alias = router.db_for_write(model)
-    connection = connections[alias]
-    quote = connection.ops.quote_name
-    table = quote(model._meta.db_table)
-    column_list = ", ".join(quote(column) for column in columns)
-    with connection.cursor() as cursor:
-        if connection.vendor != "postgresql":
-            placeholders = ", ".join(["%s"] * len(columns))
-            cursor.executemany(
-                f"INSERT INTO {table} ({column_list}) VALUES ({placeholders}) ON CONFLICT DO NOTHING", values
-            )
-            return max(cursor.rowcount, 0)
-        if optimistic:
-            _copy(cursor, table, column_list, values)
-            return len(values)
-        try:
-            with transaction.atomic(using=alias):
-                _copy(cursor, table, column_list, values)
-            return len(values)
-        except IntegrityError:
-            return _copy_via_staging(cursor, model, table, column_list, values)
-
-
-def _copy(cursor: Any, table: str, column_list: str, values: Sequence[Sequence[Any]]) -> None:
-    # psycopg's own cursor (Django's wrapper has no copy); its errors become
-    # Django's, so a deadlock is an OperationalError (503) and a conflict an IntegrityError.
-    with cursor.db.wrap_database_errors:
-        with cursor.cursor.copy(f"COPY {table} ({column_list}) FROM STDIN") as copy:
-            for row in values:
-                copy.write_row(row)
-
-
-def _copy_via_staging(cursor: Any, model: type[models.Model], table: str, column_list: str,
-                      values: Sequence[Sequence[Any]]) -> int:
-    """COPY into a temp staging table, then one INSERT … SELECT … ON CONFLICT DO
-    NOTHING. The staging table belongs to this connection and empties itself at
-    commit or rollback; rows an earlier call of the same transaction left are
-    deleted first."""
-    staging = cursor.db.ops.quote_name(f"{model._meta.db_table}_ingest")
-    cursor.execute(
-        f"CREATE TEMP TABLE IF NOT EXISTS {staging} ON COMMIT DELETE ROWS "
-        f"AS SELECT {column_list} FROM {table} WITH NO DATA"
-    )
-    cursor.execute(f"DELETE FROM {staging}")
-    _copy(cursor, staging, column_list, values)
-    cursor.execute(f"INSERT INTO {table} ({column_list}) SELECT {column_list} FROM {staging} ON CONFLICT DO NOTHING")
-    return max(cursor.rowcount, 0)
-
-
-def derivations_enqueue(
-    *,
-    project_id: int,
-    conversation_ids: Iterable[int] = (),
-    hours: Iterable[datetime] = (),
-    artifact_ids: Iterable[str] = (),
-    trace_ids: Iterable[str] = (),
-    rows_from: datetime | None = None,
-    minutes: Iterable[datetime] = (),
-) -> None:
-    """Record the derivations a write needs: conversation totals, tool rollups
-    of the minutes its tool rows fall in (or of whole hours), links between spans, records and artifacts, traces whose spans to link. Records, OTLP spans and
-    artifact uploads all come here, inside the transaction that stores their rows:
-    the note (observatory.outbox) commits with them or not at all, so a crash never
-    loses derivations of acknowledged rows. After the commit the drainer is told.
-    ``rows_from``: a time taken before the rows were stamped received (their
-    derivation then reads the rows received from it, nothing earlier)."""
-    from .dispatch import notify
-    from .outbox import note_write
-
-    conversation_list = sorted(set(conversation_ids))
-    hour_list = sorted({hour_of(hour).isoformat() for hour in hours})
-    minute_list = sorted({minute_of(minute).isoformat() for minute in minutes})
-    artifact_list = sorted(set(artifact_ids))
-    trace_list = sorted(set(trace_ids))
-    if not conversation_list and not hour_list and not minute_list and not artifact_list and not trace_list:
-        return
-    note_write(project_id=project_id, conversation_ids=conversation_list, hours=hour_list, minutes=minute_list,
-               artifact_ids=artifact_list, trace_ids=trace_list, rows_from=rows_from)
-    # robust: the batch and its note are committed; a failing notification (broker
-    # down, an eager task error) is logged and the note drained by the next poll.
-    transaction.on_commit(notify, robust=True)
 
 
 # --- artifacts --------------------------------------------------------------------

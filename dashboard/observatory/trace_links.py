@@ -52,7 +52,7 @@ def trace_conversations_find(*, project_id: int, trace_ids: Sequence[str]) -> di
 
 def trace_conversations_sql(*, project_id: int, trace_ids: Sequence[str]) -> tuple[str, list[object]]:
     """The query of ``trace_conversations_find`` (rows: trace_id, conversation id), to
-    send with others (``services.read_together``)."""
+    send with others (``rows.read_together``)."""
     return _trace_query(len(trace_ids)), [project_id, *trace_ids]
 
 

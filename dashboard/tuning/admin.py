@@ -255,7 +255,7 @@ class PriceRuleAdmin(admin.ModelAdmin):
 def _reprice_after_commit(patterns: list[Optional[str]]) -> None:
     from django.db import transaction
 
-    from dashboard.observatory.costs import costs_reprice
+    from dashboard.observatory.derive.reprice import costs_reprice
 
     wanted = sorted({p for p in patterns if p})
     transaction.on_commit(lambda: costs_reprice(patterns=wanted), robust=True)

@@ -20,7 +20,7 @@ from dashboard.accounts.models import Project
 from dashboard.observatory import histogram
 from dashboard.observatory.models import ToolHourlyRollup, UsageHourlyRollup
 from dashboard.observatory.selectors import LEVELS, cursor_rows, histogram_bucket_sums
-from dashboard.observatory.services import hour_of
+from dashboard.observatory.models import hour_of
 
 HOURLY_UP_TO = timedelta(days=7)
 # What an hour's tool rollups add up to: the counts, the observation tokens and

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from dashboard.ingest import common
-from dashboard.observatory import outbox
+from dashboard.observatory.derive import drain
 from dashboard.observatory.models import DerivationNote, Span, ToolExecution
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +28,7 @@ def backlog(project, *, waited: float, drainer_at_work: bool = True) -> Derivati
     waiting = DerivationNote.objects.create(project=project, conversation_ids=[1],
                                             available_at=now - timedelta(seconds=waited))
     if drainer_at_work:
-        DerivationNote.objects.create(project=project, conversation_ids=[2], claimed_until=now + outbox.LEASE)
+        DerivationNote.objects.create(project=project, conversation_ids=[2], claimed_until=now + drain.LEASE)
     return waiting
 
 

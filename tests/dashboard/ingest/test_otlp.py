@@ -22,8 +22,8 @@ from dashboard.accounts.services import apikey_create, apikey_revoke, project_cr
 from dashboard.ingest import common, spans as spans_module
 from dashboard.ingest.otlp import MAX_SPANS, MAX_VALUE_CHARS, TRUNCATION_MARKER
 from dashboard.observatory.models import Conversation, DerivationNote, Span, ToolExecution
-from dashboard.observatory.dispatch import notify
-from dashboard.observatory.outbox import outbox_drain_all
+from dashboard.observatory.derive.runner import notify
+from dashboard.observatory.derive.drain import outbox_drain_all
 
 pytestmark = pytest.mark.django_db
 
@@ -635,9 +635,9 @@ def test_it_links_a_plain_span_days_after_its_trace_was_named_at_ingest(client, 
 
 
 def test_its_note_holds_when_the_batchs_spans_were_received(client, auth, project, monkeypatch):
-    from dashboard.observatory import dispatch
+    from dashboard.observatory.derive import notes
 
-    monkeypatch.setattr(dispatch, "notify", lambda: None)  # the note stays to be read
+    monkeypatch.setattr(notes, "_wakers", [])  # no drainer woken  # the note stays to be read
     response = post(client, make_request(2, attributes=genai(gen_ai__conversation__id="c1")).SerializeToString(), auth)
     assert response.status_code == 200
     note = DerivationNote.objects.get(project=project)
@@ -649,9 +649,9 @@ def test_its_note_names_the_minutes_of_the_batchs_tool_spans(client, auth, proje
     """The tool rollups of those minutes are recomputed, not of their hours."""
     from datetime import datetime, timezone as dt_timezone
 
-    from dashboard.observatory import dispatch
+    from dashboard.observatory.derive import notes
 
-    monkeypatch.setattr(dispatch, "notify", lambda: None)  # the note stays to be read
+    monkeypatch.setattr(notes, "_wakers", [])  # no drainer woken  # the note stays to be read
     request = make_request(3, attributes=genai(gen_ai__operation__name="execute_tool", gen_ai__tool__name="search"))
     request.resource_spans[0].scope_spans[0].spans[2].start_time_unix_nano += 90 * 10**9  # a minute and a half on
     assert post(client, request.SerializeToString(), auth).status_code == 200

@@ -18,7 +18,7 @@ from django.utils.timezone import now as dj_now
 
 from dashboard.ingest.otlp_logs import MAX_BODY_CHARS, MAX_LOGS
 from dashboard.observatory.models import Conversation, LogRecord, Span
-from dashboard.observatory.outbox import outbox_drain_all
+from dashboard.observatory.derive.drain import outbox_drain_all
 
 pytestmark = pytest.mark.django_db
 

@@ -68,9 +68,9 @@ def test_it_counts_only_the_new_records_of_a_partly_retried_batch(client, auth, 
     (on PostgreSQL: a COPY, then the conflict-skipping staging insert)."""
     from django.db import connection
 
-    from dashboard.observatory import services
+    from dashboard.observatory import rows, services
 
-    staged, real_staging = [], services._copy_via_staging
+    staged, real_staging = [], rows._copy_via_staging
     monkeypatch.setattr(services, "_copy_via_staging", lambda *args: staged.append(args[1]) or real_staging(*args))
     stored = [records.message(index=i) for i in range(2)] + [records.tool_result()]
     assert post(client, {"records": stored}, auth).json()["accepted"] == 3
@@ -207,9 +207,9 @@ def test_it_answers_429_when_the_gate_is_full(client, auth, records, settings):
 def test_it_answers_503_and_stores_nothing_when_the_database_is_locked(client, auth, records, monkeypatch):
     from django.db import OperationalError
 
-    from dashboard.observatory import services
+    from dashboard.observatory import rows, services
 
-    real_insert, calls = services.insert_ignoring_conflicts, []
+    real_insert, calls = rows.insert_ignoring_conflicts, []
 
     def locked_on_second_table(model, rows):
         calls.append(model)

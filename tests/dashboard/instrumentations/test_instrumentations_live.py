@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from dashboard.accounts.services import apikey_create, project_create
 from dashboard.observatory.conventions import CHAT, EXECUTE_TOOL, span_facts
 from dashboard.observatory.models import Conversation, Round, Source, Span, ToolExecution
-from dashboard.observatory.outbox import outbox_drain_all
+from dashboard.observatory.derive.drain import outbox_drain_all
 
 from .fake_openai import ANSWER, ANSWER_USAGE, TOOL_CALL_USAGE, fake_openai_server
 

@@ -14,7 +14,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from dashboard.observatory import derivations, outbox, tasks
+from dashboard.observatory import tasks
+from dashboard.observatory.derive import drain
+from dashboard.observatory.derive.passes import totals
 from dashboard.observatory.dbfunctions import DateUTC, HourUTC, MinuteUTC
 from dashboard.observatory.models import (
     Conversation,
@@ -23,7 +25,8 @@ from dashboard.observatory.models import (
     Span,
     ToolExecution,
 )
-from dashboard.observatory.services import hour_of, minute_of, retention_purge
+from dashboard.observatory.services import retention_purge
+from dashboard.observatory.models import hour_of, minute_of
 from tests.dashboard.observatory.helpers import store
 
 pytestmark = pytest.mark.django_db
@@ -46,7 +49,7 @@ def test_a_pass_recounts_only_its_minutes_and_the_totals_sum_the_slices(project,
     outcome = store(project, [records.tool_result(at=first), records.tool_result(at=second, success=False,
                                                                                    result={"retry_count": 2})])
     (pk,) = outcome.conversation_ids
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=sorted(outcome.tool_minutes))
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=sorted(outcome.tool_minutes))
     conversation = Conversation.objects.get()
     assert figures(conversation) == (2, 1, 2)
     assert dict(ConversationMinute.objects.values_list("minute", "tool_calls")) == {base: 1, minute_of(second): 1}
@@ -54,10 +57,10 @@ def test_a_pass_recounts_only_its_minutes_and_the_totals_sum_the_slices(project,
     # Rows stored in the first minute since are not read by a pass about the second only...
     ToolExecution.objects.create(project=project, conversation=conversation, record_id=uuid.uuid4(), tool_name="t",
                                  occurred_at=first + timedelta(seconds=1), success=False, retry_count=5)
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=[minute_of(second)])
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=[minute_of(second)])
     assert figures(conversation) == (2, 1, 2)
     # ...and are once their minute is: the totals equal the recount.
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=[base])
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=[base])
     assert figures(conversation) == recount(conversation) == (3, 2, 7)
 
 
@@ -65,9 +68,9 @@ def test_a_minute_whose_rows_are_gone_is_written_with_zeros(project, records):
     at = minute_of(records.now) - timedelta(minutes=10)
     outcome = store(project, [records.tool_result(at=at), records.tool_result(at=at + timedelta(minutes=1))])
     (pk,) = outcome.conversation_ids
-    derivations.conversation_totals_refresh(conversation_ids=[pk])
+    totals.conversation_totals_refresh(conversation_ids=[pk])
     ToolExecution.objects.filter(occurred_at__lt=at + timedelta(minutes=1)).delete()
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=[at])
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=[at])
     assert dict(ConversationMinute.objects.values_list("minute", "tool_calls")) == {at: 0, at + timedelta(minutes=1): 1}
     assert figures(Conversation.objects.get()) == (1, 0, 0)
 
@@ -78,7 +81,7 @@ def test_a_conversation_without_slices_is_counted_whole_whatever_the_minutes(pro
     at = records.now - timedelta(hours=3)
     outcome = store(project, [records.tool_result(at=at + timedelta(minutes=m)) for m in (0, 20, 40)])
     (pk,) = outcome.conversation_ids
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=[])
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=[])
     assert figures(Conversation.objects.get()) == (3, 0, 0)
     assert ConversationMinute.objects.count() == 3
 
@@ -93,7 +96,7 @@ def test_activity_times_come_from_every_table_spans_included(project, records):
                                           (at + timedelta(minutes=2), at + timedelta(minutes=3))]):
         Span.objects.create(project=project, trace_id="a" * 32, span_id=f"{index + 1:016x}", start_time=start,
                             end_time=end, conversation=conversation)
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=[])
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=[])
     conversation.refresh_from_db()
     assert (conversation.started_at, conversation.last_activity_at) == (at - timedelta(minutes=7),
                                                                         at + timedelta(minutes=30))
@@ -105,13 +108,13 @@ def test_the_model_falls_back_to_the_last_tool_call_naming_one(project, records)
                               records.tool_result(model="new", at=at + timedelta(minutes=2)),
                               records.tool_result(at=at + timedelta(minutes=3))])  # names none
     (pk,) = outcome.conversation_ids
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=sorted(outcome.tool_minutes))
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=sorted(outcome.tool_minutes))
     assert Conversation.objects.get().model == "new"
     outcome = store(project, [records.tool_result(model="newer", at=at + timedelta(minutes=1))])  # earlier
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=sorted(outcome.tool_minutes))
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=sorted(outcome.tool_minutes))
     assert Conversation.objects.get().model == "new"
     outcome = store(project, [records.tool_result(model="newest", at=at + timedelta(minutes=2, seconds=30))])
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=sorted(outcome.tool_minutes))
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=sorted(outcome.tool_minutes))
     assert Conversation.objects.get().model == "newest"
 
 
@@ -124,7 +127,7 @@ def test_of_calls_at_the_same_instant_naming_models_the_one_stored_last_wins(pro
     last = ToolExecution.objects.exclude(model="").order_by("-occurred_at", "-id").values_list("model", flat=True)[0]
     for minutes in (sorted(outcome.tool_minutes), None):  # a pass after batches, and a rebuild
         Conversation.objects.filter(pk=pk).update(model="")
-        derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=minutes)
+        totals.conversation_totals_refresh(conversation_ids=[pk], minutes=minutes)
         assert Conversation.objects.get().model == last
         assert ConversationMinute.objects.get().tool_model == last
 
@@ -146,11 +149,11 @@ def test_a_pass_begun_earlier_never_writes_over_a_later_ones_slice(project, reco
     at = minute_of(records.now) - timedelta(minutes=20)
     outcome = store(project, [records.tool_result(at=at)])
     (pk,) = outcome.conversation_ids
-    derivations.conversation_totals_refresh(conversation_ids=[pk])
+    totals.conversation_totals_refresh(conversation_ids=[pk])
     later = timezone.now() + timedelta(seconds=30)
     ConversationMinute.objects.update(tool_calls=7, updated_at=later)  # as a pass begun later wrote it
     Conversation.objects.update(totals_updated_at=later)
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=[at])
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=[at])
     assert ConversationMinute.objects.get().tool_calls == 7
     assert not DerivationNote.objects.exists()  # it changed no slice: nothing to sum again
 
@@ -162,17 +165,17 @@ def test_a_slice_changed_after_a_later_pass_summed_gets_a_note_to_sum_again(proj
     at = minute_of(records.now) - timedelta(minutes=20)
     outcome = store(project, [records.tool_result(at=at), records.tool_result(at=at + timedelta(minutes=1))])
     (pk,) = outcome.conversation_ids
-    derivations.conversation_totals_refresh(conversation_ids=[pk])
+    totals.conversation_totals_refresh(conversation_ids=[pk])
     DerivationNote.objects.all().delete()
     ToolExecution.objects.create(project=project, conversation_id=pk, record_id=uuid.uuid4(), tool_name="t",
                                  occurred_at=at + timedelta(seconds=3), success=True)
     Conversation.objects.update(totals_updated_at=timezone.now() + timedelta(seconds=30))
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=[at])
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=[at])
     assert figures(Conversation.objects.get())[0] == 2  # not written by this pass
     note = DerivationNote.objects.get()
     assert (note.conversation_ids, note.minutes) == ([pk], [])
     Conversation.objects.update(totals_updated_at=None)
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     assert figures(Conversation.objects.get())[0] == 3
 
 
@@ -180,10 +183,10 @@ def test_the_sweep_corrects_a_slice_no_note_named(project, records):
     at = records.now - timedelta(minutes=50)
     outcome = store(project, [records.tool_result(at=at)])
     (pk,) = outcome.conversation_ids
-    derivations.conversation_totals_refresh(conversation_ids=[pk])
+    totals.conversation_totals_refresh(conversation_ids=[pk])
     ToolExecution.objects.create(project=project, conversation_id=pk, record_id=uuid.uuid4(), tool_name="t",
                                  occurred_at=at + timedelta(minutes=10), success=True)  # its note lost
-    derivations.slices_sweep(project_id=project.pk, since=records.now - timedelta(hours=3))
+    totals.slices_sweep(project_id=project.pk, since=records.now - timedelta(hours=3))
     assert figures(Conversation.objects.get()) == (2, 0, 0)
 
 
@@ -192,11 +195,11 @@ def test_retention_removes_old_slices_and_the_next_pass_sums_the_rest(project, r
     old, recent = now - timedelta(days=400), now - timedelta(hours=1)
     outcome = store(project, [records.tool_result(at=old), records.tool_result(at=recent)])
     (pk,) = outcome.conversation_ids
-    derivations.conversation_totals_refresh(conversation_ids=[pk])
+    totals.conversation_totals_refresh(conversation_ids=[pk])
     assert ConversationMinute.objects.count() == 2
     retention_purge(project=project, now=now)
     assert list(ConversationMinute.objects.values_list("minute", flat=True)) == [minute_of(recent)]
-    derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=[])
+    totals.conversation_totals_refresh(conversation_ids=[pk], minutes=[])
     assert figures(Conversation.objects.get()) == (1, 0, 0)
 
 
@@ -206,9 +209,9 @@ def test_a_pass_reads_its_minutes_not_the_conversations_history(project, records
     at = minute_of(records.now) - timedelta(hours=2)
     outcome = store(project, [records.tool_result(at=at + timedelta(minutes=m)) for m in range(0, 60, 3)])
     (pk,) = outcome.conversation_ids
-    derivations.conversation_totals_refresh(conversation_ids=[pk])
+    totals.conversation_totals_refresh(conversation_ids=[pk])
     with CaptureQueriesContext(connection) as queries:
-        derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=[at + timedelta(minutes=30)])
+        totals.conversation_totals_refresh(conversation_ids=[pk], minutes=[at + timedelta(minutes=30)])
     counting = [q["sql"] for q in queries if "observatory_toolexecution" in q["sql"] and "COUNT(" in q["sql"]]
     assert counting and all('"occurred_at" >=' in sql and '"occurred_at" <' in sql for sql in counting)
 
@@ -233,7 +236,7 @@ def test_random_batches_leave_every_total_equal_to_a_recount(project, records):
             ToolExecution.objects.filter(pk__in=[row.pk for row in doomed]).delete()
         else:
             conversations = set()
-        derivations.conversation_totals_refresh(conversation_ids=outcome.conversation_ids | conversations,
+        totals.conversation_totals_refresh(conversation_ids=outcome.conversation_ids | conversations,
                                                 minutes=sorted(minutes))
     for conversation in Conversation.objects.all():
         assert figures(conversation) == recount(conversation)
@@ -244,7 +247,7 @@ def test_random_batches_leave_every_total_equal_to_a_recount(project, records):
 def test_the_outbox_pass_tells_the_totals_its_batches_minutes(project, records):
     """Through the note a batch writes: the pass recounts the minutes it names (the
     task takes them as ISO times, as a broker carries them)."""
-    from dashboard.observatory.services import derivations_enqueue
+    from dashboard.observatory.derive.notes import derivations_enqueue
 
     at = minute_of(records.now) - timedelta(minutes=40)
     outcome = store(project, [records.tool_result(at=at), records.tool_result(at=at + timedelta(minutes=5))])
@@ -255,7 +258,7 @@ def test_the_outbox_pass_tells_the_totals_its_batches_minutes(project, records):
     later = store(project, [records.tool_result(at=at + timedelta(minutes=5, seconds=1))])
     derivations_enqueue(project_id=project.pk, conversation_ids=sorted(later.conversation_ids),
                         minutes=later.tool_minutes)
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     assert figures(Conversation.objects.get())[0] == 3  # the unnoted row's minute was not read
     tasks.conversation_totals_refresh([pk], [at.isoformat()])
     assert figures(Conversation.objects.get())[0] == 4 == recount(Conversation.objects.get())[0]

@@ -10,7 +10,7 @@ import pytest
 from tests.dashboard.web.pages_factories import HOUR, round_record, store, tool_record
 from tests.dashboard.web.pages_factories import price_rule as price
 
-from dashboard.observatory.costs import costs_reprice
+from dashboard.observatory.derive.reprice import costs_reprice
 from dashboard.observatory.models import Conversation, Round, ToolExecution, ToolHourlyRollup, UsageHourlyRollup
 from dashboard.tuning.models import PriceRule
 from dashboard.tuning.pricing import PriceTable

@@ -8,7 +8,8 @@ import threading
 import pytest
 from django.db import connection
 
-from dashboard.observatory import costs, derivations
+from dashboard.observatory import costs
+from dashboard.observatory.derive.passes import totals
 from dashboard.observatory.models import Conversation
 from tests.dashboard.observatory.helpers import store
 
@@ -39,7 +40,7 @@ def test_it_never_lets_a_pass_that_read_early_overwrite_a_later_one(project, rec
         finally:
             connection.close()
 
-    slow = threading.Thread(target=run, args=(lambda: derivations.conversation_totals_refresh(
+    slow = threading.Thread(target=run, args=(lambda: totals.conversation_totals_refresh(
         conversation_ids=[conversation.pk]),))
     slow_drainer.append(slow)
     slow.start()
@@ -47,7 +48,7 @@ def test_it_never_lets_a_pass_that_read_early_overwrite_a_later_one(project, rec
 
     def ingest_then_derive():
         store(project, [records.message(conversation="c", index=1)])  # a batch after the slow read
-        derivations.conversation_totals_refresh(conversation_ids=[conversation.pk])
+        totals.conversation_totals_refresh(conversation_ids=[conversation.pk])
 
     fast = threading.Thread(target=run, args=(ingest_then_derive,))
     fast.start()
@@ -73,6 +74,6 @@ def test_it_keeps_a_user_another_writer_set_while_it_was_reading(project, record
         return real_priced(conversations, *args, **kwargs)
 
     monkeypatch.setattr(costs, "conversations_priced", user_set_meanwhile)
-    assert derivations.conversation_totals_refresh(conversation_ids=[conversation.pk]) == 1
+    assert totals.conversation_totals_refresh(conversation_ids=[conversation.pk]) == 1
     conversation.refresh_from_db()
     assert (conversation.user_id, conversation.messages) == ("ana", 1)

@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from dashboard.observatory import derivations, tasks
+from dashboard.observatory.derive.passes import links, rollups, totals
 from dashboard.observatory.models import SPAN_TOOL_FAILURE, Conversation, Span, ToolExecution
 from dashboard.observatory.services import records_store
 from dashboard.web.selectors.traces import waterfall
@@ -115,9 +115,9 @@ def test_a_totals_pass_counts_a_conversations_tool_calls_in_its_minutes_through_
         ToolExecution(project=project, conversation=others[n % 30], record_id=uuid.uuid4(), tool_name="t",
                       success=True, occurred_at=NOW - timedelta(seconds=n * 7))
         for n in range(3000))
-    derivations.conversation_totals_refresh(conversation_ids=[pk])
+    totals.conversation_totals_refresh(conversation_ids=[pk])
     with CaptureQueriesContext(connection) as queries:
-        derivations.conversation_totals_refresh(conversation_ids=[pk], minutes=[NOW])
+        totals.conversation_totals_refresh(conversation_ids=[pk], minutes=[NOW])
     counting = [q["sql"] for q in queries if 'FROM "observatory_toolexecution"' in q["sql"] and "COUNT(" in q["sql"]]
     assert counting
     for sql in counting:
@@ -134,7 +134,7 @@ def test_it_serves_tool_span_hours_from_the_partial_tool_index(project):
     ).exclude(tool_name="")
     assert index_used(tool_spans, "span_tool_time")
     assert list(tool_spans.values_list("tool_name", flat=True)) == ["search"]
-    assert derivations.hours_with_rows(project_id=project.pk, since=hour) == {hour}
+    assert rollups.hours_with_rows(project_id=project.pk, since=hour) == {hour}
 
 
 def test_it_finds_a_tools_failed_span_only_calls_through_their_partial_index(project):
@@ -162,7 +162,7 @@ def test_it_finds_spans_by_many_tool_call_ids_through_the_partial_index(project)
         for i in range(300)
     ])
     calls = {f"call_{i}" for i in range(MANY)}
-    by_call, by_trace = derivations._spans_by_calls_or_traces(Span.objects.filter(project=project), calls, {"f" * 32})
+    by_call, by_trace = links._spans_by_calls_or_traces(Span.objects.filter(project=project), calls, {"f" * 32})
     assert index_used(by_call, "span_project_tool_call")
     # By trace: the unique index leads with (project, trace_id); on a tiny table
     # PostgreSQL may as well pick another index whose condition has trace_id.
@@ -204,7 +204,7 @@ def test_it_links_a_batch_without_scanning_the_span_table(project, records):
         parse_record(records.round(trace_id="c" * 32)),
     ])
     with CaptureQueriesContext(connection) as captured:
-        counts = tasks.links_refresh(project.pk, sorted(outcome.conversation_ids))
+        counts = links.links_refresh(project_id=project.pk, conversation_ids=sorted(outcome.conversation_ids))
     assert counts["tool_executions"] == 1 and counts["spans"] == 2
     span_reads = [q["sql"] for q in captured.captured_queries
                   if q["sql"].startswith("SELECT") and "observatory_span" in q["sql"].split("WHERE")[0]
@@ -222,18 +222,18 @@ def test_it_links_a_batch_without_scanning_the_span_table(project, records):
 
 
 def test_it_bounds_the_beat_pass_to_the_newest_unlinked_spans(project, monkeypatch):
-    monkeypatch.setattr(derivations, "BEAT_SPAN_LIMIT", 2)
+    monkeypatch.setattr(links, "BEAT_SPAN_LIMIT", 2)
     for index in range(3):
         Span.objects.create(
             project=project, trace_id=f"{index:032x}", span_id=f"{index:016x}",
             start_time=NOW + timedelta(seconds=index), end_time=NOW + timedelta(seconds=index),
             attributes={"gen_ai.conversation.id": f"conv-{index}"},
         )
-    counts = derivations.links_refresh(project_id=project.pk)
+    counts = links.links_refresh(project_id=project.pk)
     assert counts["spans"] == 2
     linked = set(Span.objects.exclude(conversation=None).values_list("span_id", flat=True))
     assert linked == {f"{1:016x}", f"{2:016x}"}  # the newest two; the next pass takes the rest
-    assert derivations.links_refresh(project_id=project.pk)["spans"] == 1
+    assert links.links_refresh(project_id=project.pk)["spans"] == 1
 
 
 def test_it_keeps_the_span_table_to_few_indexes(project):
@@ -267,7 +267,8 @@ def test_it_tests_each_trace_for_errors_through_the_partial_error_index(project)
 def test_it_finds_a_batchs_spans_to_derive_through_the_partial_received_index(project):
     """The span-row pass after a batch reads the spans received with its notes' batches,
     not every span of a long conversation (span_derivable_received, both ends)."""
-    from dashboard.observatory import span_rows
+    from dashboard.observatory.derive import batch
+    from dashboard.observatory.derive.passes import span_rows
 
     conversation = Conversation.objects.create(project=project, external_id="c")
     span(project, 1, conversation=conversation, operation="execute_tool", tool_name="search")
@@ -275,7 +276,7 @@ def test_it_finds_a_batchs_spans_to_derive_through_the_partial_received_index(pr
     received_at = datetime.now(timezone.utc)  # the spans' (their default)
     (received, *by_trace) = span_rows._candidate_queries(
         project.pk, list(range(conversation.pk, conversation.pk + MANY)), "execute_tool",
-        span_rows.received_window(received_at - timedelta(minutes=1), received_at + timedelta(minutes=1)),
+        batch.received_window(received_at - timedelta(minutes=1), received_at + timedelta(minutes=1)),
         ["a" * 32])
     assert index_used(received, "span_derivable_received"), plan_of(received)
     assert list(received.values_list("span_id", flat=True)) == [f"{1:016x}"]
@@ -295,7 +296,7 @@ def test_it_reads_an_hours_span_only_calls_through_the_underived_index(project):
         for i in range(300)
     ])
     hour = NOW.replace(minute=0, second=0, microsecond=0)
-    calls = derivations.span_only_calls(project.pk, hour, hour + timedelta(hours=1))
+    calls = rollups.span_only_calls(project.pk, hour, hour + timedelta(hours=1))
     assert index_used(calls, "span_tool_underived"), plan_of(calls)
     assert sorted(calls.values_list("span_id", flat=True)) == [f"{1:016x}", f"{3:016x}"]
 
@@ -303,7 +304,7 @@ def test_it_reads_an_hours_span_only_calls_through_the_underived_index(project):
 def test_it_finds_the_calls_a_conversation_holds_through_the_call_id_index(project, records):
     """The span-row pass asks which calls its conversations already hold: through the
     project's call-id index, never by reading each conversation's tool executions."""
-    from dashboard.observatory import span_rows
+    from dashboard.observatory.derive.passes import span_rows
 
     records_store(project=project, records=[
         parse_record(records.tool_result(conversation="c", result={"tool_call_id": f"call_{i}"})) for i in range(300)

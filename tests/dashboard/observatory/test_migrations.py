@@ -8,7 +8,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from dashboard.observatory import outbox, tasks
+from dashboard.observatory import tasks
+from dashboard.observatory.derive import drain
 from dashboard.observatory.models import DerivationNote, ToolExecution, ToolHourlyRollup, ToolMinuteRollup, hour_of
 from dashboard.observatory.services import records_store
 from pipeline import parse_record
@@ -45,7 +46,7 @@ def test_the_hours_rolled_up_before_minute_slices_are_recomputed_into_slices(pro
     assert note.hours == [hour.isoformat() for hour in hours] and not ToolMinuteRollup.objects.exists()
     tasks.tool_rollups_refresh(project.pk, [], [(hours[1] + timedelta(minutes=15)).isoformat()])  # a batch's pass
     assert ToolHourlyRollup.objects.get(hour=hours[1]).calls == 1  # for now: the hour's note puts the rest back
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     assert dict(ToolHourlyRollup.objects.values_list("hour", "calls")) == {hour: 3 for hour in hours}
     assert ToolMinuteRollup.objects.filter(tool_name="search").count() == 6  # and a mark per minute recomputed
     assert ToolExecution.objects.count() == 6

@@ -12,9 +12,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from dashboard.observatory import busy, outbox, tasks
+from dashboard.observatory.busy import database_busy
+from dashboard.observatory.derive import drain
+from dashboard.observatory.derive.passes import totals
 from dashboard.observatory.models import Conversation, DerivationNote, ToolHourlyRollup, ToolMinuteRollup
-from dashboard.observatory.services import derivations_enqueue
+from dashboard.observatory.derive.notes import derivations_enqueue
 
 pytestmark = pytest.mark.django_db
 
@@ -27,9 +29,9 @@ def post(client, auth, batch):
 @pytest.fixture
 def crash_after_commit(settings, monkeypatch):
     """The process dies right after the ingest commit: the drainer is never told."""
-    from dashboard.observatory import dispatch
+    from dashboard.observatory.derive import notes
 
-    monkeypatch.setattr(dispatch, "notify", lambda: None)
+    monkeypatch.setattr(notes, "_wakers", [])  # no drainer woken
 
 
 def test_it_commits_the_note_with_the_rows_and_derives_it_later(client, auth, records, crash_after_commit):
@@ -37,7 +39,7 @@ def test_it_commits_the_note_with_the_rows_and_derives_it_later(client, auth, re
     conversation = Conversation.objects.get()
     assert conversation.tool_calls == 0  # nothing derived: the process "died"
     assert DerivationNote.objects.count() == 1
-    outcome = outbox.outbox_drain_all()  # a drainer after the restart
+    outcome = drain.outbox_drain_all()  # a drainer after the restart
     assert outcome.notes == 1
     conversation.refresh_from_db()
     assert (conversation.tool_calls, conversation.messages) == (1, 1)
@@ -62,21 +64,21 @@ def test_it_gives_the_same_rows_when_a_note_is_drained_twice(client, auth, recor
     note = DerivationNote.objects.get()
     copy = DerivationNote.objects.create(project_id=note.project_id, conversation_ids=note.conversation_ids,
                                          hours=note.hours)
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     first = list(Conversation.objects.values_list("tool_calls", "errors"))
     DerivationNote.objects.create(project_id=copy.project_id, conversation_ids=copy.conversation_ids, hours=copy.hours)
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     assert list(Conversation.objects.values_list("tool_calls", "errors")) == first == [(2, 1)]
     assert ToolHourlyRollup.objects.get().calls == 2
 
 
 def test_it_leaves_a_leased_note_to_its_drainer_until_the_lease_ends(client, auth, records, crash_after_commit):
     post(client, auth, [records.message()])
-    claimed = outbox.notes_claim()  # a drainer that is then killed mid-pass
+    claimed = drain.notes_claim()  # a drainer that is then killed mid-pass
     assert len(claimed) == 1 and claimed[0].attempts == 1
-    assert outbox.notes_claim() == []  # leased: no second drainer takes it
+    assert drain.notes_claim() == []  # leased: no second drainer takes it
     DerivationNote.objects.update(claimed_until=timezone.now() - timedelta(seconds=1))  # the lease ran out
-    assert outbox.outbox_drain_all().notes == 1
+    assert drain.outbox_drain_all().notes == 1
     assert Conversation.objects.get().messages == 1
 
 
@@ -86,17 +88,17 @@ def test_it_isolates_a_failing_conversation_from_the_others(client, auth, record
     post(client, auth, [records.message(conversation="good"), records.message(conversation="poison"),
                         records.message(conversation="also-good")])
     poison = Conversation.objects.get(external_id="poison").pk
-    real = tasks.conversation_totals_refresh
+    real = totals.conversation_totals_refresh
 
-    def fails_on_poison(ids, minutes=None):
-        if poison in ids:
+    def fails_on_poison(*, conversation_ids, minutes=None):
+        if poison in conversation_ids:
             raise ValueError("year 1 BC")
-        return real(ids, minutes)
+        return real(conversation_ids=conversation_ids, minutes=minutes)
 
-    monkeypatch.setattr(tasks, "conversation_totals_refresh", fails_on_poison)
-    outbox.outbox_drain_all()
-    totals = dict(Conversation.objects.values_list("external_id", "messages"))
-    assert totals == {"good": 1, "also-good": 1, "poison": 0}
+    monkeypatch.setattr(totals, "conversation_totals_refresh", fails_on_poison)
+    drain.outbox_drain_all()
+    figures = dict(Conversation.objects.values_list("external_id", "messages"))
+    assert figures == {"good": 1, "also-good": 1, "poison": 0}
     parked = DerivationNote.objects.get()
     assert parked.conversation_ids == [poison] and parked.parked
     assert "year 1 BC" in parked.last_error
@@ -105,18 +107,18 @@ def test_it_isolates_a_failing_conversation_from_the_others(client, auth, record
 def test_it_waits_before_retrying_a_failed_note(client, auth, records, crash_after_commit, monkeypatch, settings):
     settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 60
     post(client, auth, [records.message()])
-    monkeypatch.setattr(tasks, "conversation_totals_refresh", lambda ids, minutes=None: 1 / 0)
-    outcome = outbox.outbox_drain_all()
+    monkeypatch.setattr(totals, "conversation_totals_refresh", lambda **kwargs: 1 / 0)
+    outcome = drain.outbox_drain_all()
     assert outcome.failed == 1 and outcome.parked == 0
     note = DerivationNote.objects.get()
     assert note.available_at > timezone.now() + timedelta(seconds=50)
-    assert outbox.outbox_drain_all().failed == 0  # not ready yet: not tried again
+    assert drain.outbox_drain_all().failed == 0  # not ready yet: not tried again
 
 
 def test_it_drains_the_notes_of_every_project_apart(client, auth, other_auth, records, crash_after_commit):
     post(client, auth, [records.message(conversation="mine")])
     post(client, other_auth, [records.message(conversation="theirs")])
-    assert outbox.outbox_drain_all().notes == 2
+    assert drain.outbox_drain_all().notes == 2
     assert sorted(Conversation.objects.values_list("project__name", "external_id", "messages")) == sorted(
         (c.project.name, c.external_id, 1) for c in Conversation.objects.select_related("project"))
 
@@ -128,20 +130,20 @@ def test_it_never_parks_a_note_for_a_busy_database(client, auth, records, crash_
 
     settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 0
     post(client, auth, [records.message(conversation="a"), records.message(conversation="b")])
-    real = tasks.conversation_totals_refresh
-    busy = {"left": outbox.MAX_ATTEMPTS * 3}
+    real = totals.conversation_totals_refresh
+    busy = {"left": drain.MAX_ATTEMPTS * 3}
 
-    def locked_for_a_while(ids, minutes=None):
+    def locked_for_a_while(*, conversation_ids, minutes=None):
         if busy["left"]:
             busy["left"] -= 1
             raise OperationalError("database is locked")
-        return real(ids, minutes)
+        return real(conversation_ids=conversation_ids, minutes=minutes)
 
-    monkeypatch.setattr(tasks, "conversation_totals_refresh", locked_for_a_while)
-    for _ in range(outbox.MAX_ATTEMPTS * 3):
-        outbox.outbox_drain_all()
+    monkeypatch.setattr(totals, "conversation_totals_refresh", locked_for_a_while)
+    for _ in range(drain.MAX_ATTEMPTS * 3):
+        drain.outbox_drain_all()
         assert not DerivationNote.objects.filter(parked=True).exists()
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     assert not busy["left"] and not DerivationNote.objects.exists()
     assert sorted(Conversation.objects.values_list("external_id", "messages")) == [("a", 1), ("b", 1)]
 
@@ -167,8 +169,8 @@ def test_a_real_sqlite_lock_is_busy_and_a_real_sqlite_error_is_not(tmp_path):
     with pytest.raises(sqlite3.OperationalError) as wrong:
         waiter.execute("SELECT no_such_function()")
     holder.close(), waiter.close()
-    assert busy.database_busy(_wrapped(locked.value))
-    assert not busy.database_busy(_wrapped(wrong.value))
+    assert database_busy(_wrapped(locked.value))
+    assert not database_busy(_wrapped(wrong.value))
 
 
 @pytest.mark.parametrize("sqlstate, busy", [
@@ -178,14 +180,14 @@ def test_a_real_sqlite_lock_is_busy_and_a_real_sqlite_error_is_not(tmp_path):
 def test_a_postgresql_error_is_busy_by_its_sqlstate(sqlstate, busy):
     import psycopg.errors
 
-    assert busy.database_busy(_wrapped(psycopg.errors.lookup(sqlstate)("from the server"))) is busy
+    assert database_busy(_wrapped(psycopg.errors.lookup(sqlstate)("from the server"))) is busy
 
 
 def test_a_lost_postgresql_connection_is_busy_and_other_errors_are_not():
     import psycopg
 
-    assert busy.database_busy(_wrapped(psycopg.OperationalError("server closed the connection unexpectedly")))
-    assert not busy.database_busy(ValueError("database is locked"))
+    assert database_busy(_wrapped(psycopg.OperationalError("server closed the connection unexpectedly")))
+    assert not database_busy(ValueError("database is locked"))
 
 
 def test_a_note_failing_the_same_way_every_time_is_parked_not_retried_forever(
@@ -198,19 +200,19 @@ def test_a_note_failing_the_same_way_every_time_is_parked_not_retried_forever(
 
     settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 0
     post(client, auth, [records.message(conversation="a"), records.message(conversation="b")])
-    real = tasks.conversation_totals_refresh
+    real = totals.conversation_totals_refresh
 
-    def broken_for_a(ids, minutes=None):
-        if Conversation.objects.filter(pk__in=ids, external_id="a").exists():
+    def broken_for_a(*, conversation_ids, minutes=None):
+        if Conversation.objects.filter(pk__in=conversation_ids, external_id="a").exists():
             try:
                 sqlite3.connect(":memory:").execute("SELECT no_such_function()")
             except sqlite3.OperationalError as exc:
                 raise _wrapped(exc) from exc
-        return real(ids, minutes)
+        return real(conversation_ids=conversation_ids, minutes=minutes)
 
-    monkeypatch.setattr(tasks, "conversation_totals_refresh", broken_for_a)
-    for _ in range(outbox.MAX_ATTEMPTS + 2):
-        outbox.outbox_drain_all()
+    monkeypatch.setattr(totals, "conversation_totals_refresh", broken_for_a)
+    for _ in range(drain.MAX_ATTEMPTS + 2):
+        drain.outbox_drain_all()
     parked = DerivationNote.objects.get()
     assert parked.parked and "no such function" in parked.last_error
     assert parked.conversation_ids == [Conversation.objects.get(external_id="a").pk]
@@ -227,12 +229,12 @@ def test_a_busy_merged_pass_is_retried_merged_not_note_by_note(client, auth, rec
     post(client, auth, [records.message(conversation="b")])
     calls: list[list[int]] = []
 
-    def locked(ids, minutes=None):
-        calls.append(list(ids))
+    def locked(*, conversation_ids, minutes=None):
+        calls.append(list(conversation_ids))
         raise OperationalError("database is locked")
 
-    monkeypatch.setattr(tasks, "conversation_totals_refresh", locked)
-    outcome = outbox.outbox_drain()
+    monkeypatch.setattr(totals, "conversation_totals_refresh", locked)
+    outcome = drain.outbox_drain()
     assert (outcome.failed, outcome.notes, len(calls)) == (2, 0, 1)  # one merged try, none alone
     notes = list(DerivationNote.objects.values_list("attempts", "claimed_until", "last_error"))
     assert notes == [(0, None, "OperationalError: database is locked")] * 2
@@ -247,21 +249,21 @@ def derived_with_a_span(client, auth, records, call: str) -> None:
     now = timezone.now()
     Span.objects.create(project_id=Conversation.objects.get().project_id, trace_id="f" * 32, span_id="f" * 16,
                         start_time=now, end_time=now)
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
 
 
 def executions_linked(monkeypatch) -> list[int]:
     """The ids of the tool executions the link passes read from now on."""
-    from dashboard.observatory import derivations
+    from dashboard.observatory.derive.passes import links
 
     read: list[int] = []
-    real = derivations._executions_link
+    real = links._executions_link
 
     def recording(project_id, in_scope, counts):
         read.extend(row[0] for row in in_scope)
         return real(project_id, in_scope, counts)
 
-    monkeypatch.setattr(derivations, "_executions_link", recording)
+    monkeypatch.setattr(links, "_executions_link", recording)
     return read
 
 
@@ -272,10 +274,10 @@ def test_it_links_the_rows_received_since_its_oldest_note_not_the_conversations_
     from dashboard.observatory.models import ToolExecution
 
     derived_with_a_span(client, auth, records, "call_old")
-    ToolExecution.objects.update(received_at=timezone.now() - outbox.ROWS_BEFORE_NOTE - timedelta(minutes=5))
+    ToolExecution.objects.update(received_at=timezone.now() - drain.ROWS_BEFORE_NOTE - timedelta(minutes=5))
     post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_new"})])
     read = executions_linked(monkeypatch)
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     assert read == [ToolExecution.objects.get(tool_call_id="call_new").pk]
     assert Conversation.objects.get().tool_calls == 2  # the totals still count every row
 
@@ -285,9 +287,9 @@ def test_it_keeps_the_time_of_a_split_note_so_its_rows_stay_in_scope(
     settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 0
     post(client, auth, [records.message(conversation="a"), records.message(conversation="b")])
     written = DerivationNote.objects.get().created_at
-    monkeypatch.setattr(tasks, "conversation_totals_refresh", lambda ids, minutes=None: 1 / 0)
+    monkeypatch.setattr(totals, "conversation_totals_refresh", lambda **kwargs: 1 / 0)
     rows_from = DerivationNote.objects.get().rows_from
-    outbox.outbox_drain()  # the merged pass fails: the note is split, one per conversation
+    drain.outbox_drain()  # the merged pass fails: the note is split, one per conversation
     assert sorted(DerivationNote.objects.values_list("created_at", flat=True)) == [written, written]
     assert list(DerivationNote.objects.values_list("rows_from", flat=True)) == [rows_from, rows_from]
 
@@ -319,11 +321,11 @@ def test_a_pass_reads_the_rows_of_its_own_batches_not_those_before_or_after(
     first.refresh_from_db()
     post(client, auth, [records.tool_result(conversation="a", result={"tool_call_id": "call_2"})])
     read = executions_linked(monkeypatch)
-    outbox._derive(first.project_id, *outbox._merged([first]))  # the first note's pass alone
+    drain.passes_run(drain._merged([first]))  # the first note's pass alone
     assert read == [ToolExecution.objects.get(tool_call_id="call_1").pk]
     first.delete()
     read.clear()
-    outbox.outbox_drain_all()  # the second note's pass
+    drain.outbox_drain_all()  # the second note's pass
     assert read == [ToolExecution.objects.get(tool_call_id="call_2").pk]
     assert Conversation.objects.get().tool_calls == 3
 
@@ -333,8 +335,8 @@ def test_the_window_of_notes_without_rows_from_keeps_the_margin_and_ignores_hour
     batch = DerivationNote(project=project, conversation_ids=[1], created_at=now, rows_from=now - timedelta(seconds=2))
     older = DerivationNote(project=project, conversation_ids=[2], created_at=now - timedelta(seconds=30))
     hours = DerivationNote(project=project, hours=["2026-11-26T05:00:00+00:00"], created_at=now + timedelta(hours=1))
-    assert outbox._rows_window([batch, hours]) == (batch.rows_from - outbox.CLOCK_SLACK, now + outbox.CLOCK_SLACK)
-    assert outbox._rows_window([batch, older])[0] == older.created_at - outbox.ROWS_BEFORE_NOTE
+    assert drain._rows_window([batch, hours]) == (batch.rows_from - drain.CLOCK_SLACK, now + drain.CLOCK_SLACK)
+    assert drain._rows_window([batch, older])[0] == older.created_at - drain.ROWS_BEFORE_NOTE
 
 
 def test_it_recomputes_a_busy_minute_at_most_once_an_interval(client, auth, records, crash_after_commit, settings):
@@ -342,10 +344,10 @@ def test_it_recomputes_a_busy_minute_at_most_once_an_interval(client, auth, reco
     wait in one note due when the interval ends, and then the rollup counts every row."""
     settings.OBSERVATORY_ROLLUP_INTERVAL_SECONDS = 60
     post(client, auth, [records.tool_result(conversation="a")])
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     assert ToolHourlyRollup.objects.get().calls == 1
     post(client, auth, [records.tool_result(conversation="a")])
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     assert ToolHourlyRollup.objects.get().calls == 1  # not yet
     assert Conversation.objects.get().tool_calls == 2  # the conversation's totals do not wait
     waiting = DerivationNote.objects.get()
@@ -353,7 +355,7 @@ def test_it_recomputes_a_busy_minute_at_most_once_an_interval(client, auth, reco
     assert waiting.minutes and not waiting.hours and waiting.available_at == began + timedelta(seconds=60)
     ToolMinuteRollup.objects.update(updated_at=began - timedelta(seconds=60))  # the interval passes
     DerivationNote.objects.update(available_at=timezone.now())
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     assert ToolHourlyRollup.objects.get().calls == 2
     assert not DerivationNote.objects.exists()
 
@@ -361,18 +363,18 @@ def test_it_recomputes_a_busy_minute_at_most_once_an_interval(client, auth, reco
 def test_a_costly_minute_is_recomputed_at_most_once_per_four_times_its_cost(
         client, auth, records, crash_after_commit, settings, monkeypatch):
     """However full the minute, its recomputes take at most about a quarter of the drainer's time."""
-    from dashboard.observatory import derivations
+    from dashboard.observatory.derive.passes import rollups
 
     settings.OBSERVATORY_ROLLUP_INTERVAL_SECONDS = 10
     post(client, auth, [records.tool_result(conversation="a")])
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     slice_ = ToolMinuteRollup.objects.get(tool_name="query_sales")
-    assert derivations._recompute_costs[(slice_.project_id, slice_.minute)] >= 0  # what it took, noted
-    monkeypatch.setitem(derivations._recompute_costs, (slice_.project_id, slice_.minute), 30.0)  # it took 30 s
+    assert rollups._recompute_costs[(slice_.project_id, slice_.minute)] >= 0  # what it took, noted
+    monkeypatch.setitem(rollups._recompute_costs, (slice_.project_id, slice_.minute), 30.0)  # it took 30 s
     began = slice_.updated_at - timedelta(seconds=60)  # past the interval, within 4 x 30 s
     ToolMinuteRollup.objects.update(updated_at=began)
     post(client, auth, [records.tool_result(conversation="a")])
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     assert ToolHourlyRollup.objects.get().calls == 1  # not yet
     assert Conversation.objects.get().tool_calls == 2  # the totals do not wait
     assert DerivationNote.objects.get().available_at == began + timedelta(seconds=120)
@@ -382,16 +384,16 @@ def test_a_batchs_pass_recomputes_only_the_minutes_of_its_tool_rows(
         client, auth, records, crash_after_commit, monkeypatch):
     """Not the hour: 25 minutes into the hour-long soak, recomputing whole hours was
     75 % of the derivation's time."""
-    from dashboard.observatory import derivations
+    from dashboard.observatory.derive.passes import rollups
     from dashboard.observatory.models import minute_of
 
     read = []
-    real = derivations._minute_stats
-    monkeypatch.setattr(derivations, "_minute_stats", lambda project_id, start: read.append(start) or real(
+    real = rollups._minute_stats
+    monkeypatch.setattr(rollups, "_minute_stats", lambda project_id, start: read.append(start) or real(
         project_id, start))
     at = records.now - timedelta(minutes=30)
     post(client, auth, [records.tool_result(conversation="a", at=at), records.message(conversation="a")])
-    outbox.outbox_drain_all()
+    drain.outbox_drain_all()
     assert read == [minute_of(at)]
     assert ToolHourlyRollup.objects.get().calls == 1
 
@@ -408,11 +410,11 @@ def sqlite_file(db):
 def test_on_sqlite_a_drainer_that_finds_another_at_work_leaves_the_notes_to_it(
         client, auth, records, crash_after_commit, sqlite_file):
     post(client, auth, [records.message(conversation="a")])
-    with outbox.drain_exclusive(wait=False) as mine:  # another drainer, here the test, at work
+    with drain.drain_exclusive(wait=False) as mine:  # another drainer, here the test, at work
         assert mine
-        assert outbox.outbox_drain_all(wait=False).notes == 0
+        assert drain.outbox_drain_all(wait=False).notes == 0
         assert DerivationNote.objects.count() == 1  # not claimed: nothing waits out a lease
-    assert outbox.outbox_drain_all(wait=False).notes == 1
+    assert drain.outbox_drain_all(wait=False).notes == 1
     assert Conversation.objects.get().messages == 1
 
 
@@ -423,7 +425,7 @@ def test_on_sqlite_a_waiting_drainer_drains_once_the_other_is_done(
 
     post(client, auth, [records.message(conversation="a")])
     done: list[int] = []
-    with outbox.drain_exclusive():
+    with drain.drain_exclusive():
         waiting = threading.Thread(target=lambda: done.append(_drain_in_thread()))
         waiting.start()
         waiting.join(0.5)
@@ -436,7 +438,7 @@ def _drain_in_thread() -> int:
     from django.db import connection
 
     try:
-        return outbox.outbox_drain_all().notes
+        return drain.outbox_drain_all().notes
     finally:
         connection.close()
 
@@ -456,11 +458,11 @@ def test_on_sqlite_a_killed_drainer_leaves_no_lock_behind(sqlite_file):
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        with outbox.drain_exclusive(wait=False) as mine:
+        with drain.drain_exclusive(wait=False) as mine:
             assert not mine  # held by the other process
         holder.send_signal(signal.SIGKILL)
         holder.wait(10)
-        with outbox.drain_exclusive(wait=False) as mine:
+        with drain.drain_exclusive(wait=False) as mine:
             assert mine  # the kernel let go of it with the process
     finally:
         holder.kill()

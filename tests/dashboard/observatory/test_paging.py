@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from dashboard.observatory import derivations
+from dashboard.observatory.derive.passes import links
 from dashboard.observatory.models import Conversation, Span, ToolExecution
 from dashboard.observatory.paging import keyset_pages
 from dashboard.observatory.services import records_store
@@ -51,7 +51,7 @@ def test_rows_that_leave_the_query_while_it_is_read_skip_none_of_the_others(proj
 
 def five_calls_to_link_two_a_page(project, records, monkeypatch) -> list[str]:
     """Five tool executions unlinked, each with its span, and the link pass reading two a page."""
-    monkeypatch.setattr(derivations, "LINK_CHUNK", 2)
+    monkeypatch.setattr(links, "LINK_CHUNK", 2)
     calls = [f"call_{n}" for n in range(5)]
     records_store(project=project, records=[parse_record(records.tool_result(result={"tool_call_id": call}))
                                             for call in calls])
@@ -64,7 +64,7 @@ def five_calls_to_link_two_a_page(project, records, monkeypatch) -> list[str]:
 
 def test_the_beats_link_pass_links_executions_past_one_page(project, records, monkeypatch):
     calls = five_calls_to_link_two_a_page(project, records, monkeypatch)
-    counts = derivations.links_refresh(project_id=project.pk)
+    counts = links.links_refresh(project_id=project.pk)
     assert counts["tool_executions"] == len(calls)
     assert not ToolExecution.objects.filter(linked_span=None).exists()
 
@@ -89,7 +89,7 @@ def test_the_beats_link_pass_writes_a_page_at_a_time_inside_its_step_and_reads_o
         finally:
             held.pop()
 
-    real_pages, real_link = derivations.keyset_pages, derivations._executions_link
+    real_pages, real_link = links.keyset_pages, links._executions_link
 
     def pages(*args):
         for page in real_pages(*args):
@@ -100,9 +100,9 @@ def test_the_beats_link_pass_writes_a_page_at_a_time_inside_its_step_and_reads_o
         linked_inside.append(bool(held))
         return real_link(*args)
 
-    monkeypatch.setattr(derivations, "keyset_pages", pages)
-    monkeypatch.setattr(derivations, "_executions_link", link)
-    counts = derivations.links_refresh(project_id=project.pk, step=step)
+    monkeypatch.setattr(links, "keyset_pages", pages)
+    monkeypatch.setattr(links, "_executions_link", link)
+    counts = links.links_refresh(project_id=project.pk, step=step)
     assert counts["tool_executions"] == len(calls)
     assert linked_inside == [True] * 3  # 5 executions, 2 a page
     assert len(steps) == 3 + 1  # the pages, then the spans and artifacts

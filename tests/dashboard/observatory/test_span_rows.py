@@ -11,7 +11,7 @@ import time
 import pytest
 
 from dashboard.accounts.services import apikey_create, project_create
-from dashboard.observatory import span_rows
+from dashboard.observatory.derive.passes import span_rows
 from dashboard.observatory.models import (
     Conversation,
     DerivationNote,
@@ -22,7 +22,7 @@ from dashboard.observatory.models import (
     ToolExecution,
     ToolHourlyRollup,
 )
-from dashboard.observatory.outbox import outbox_drain_all
+from dashboard.observatory.derive.drain import outbox_drain_all
 from dashboard.observatory.selectors import tool_stats
 
 pytestmark = pytest.mark.django_db
@@ -277,7 +277,7 @@ def test_it_ignores_what_is_not_a_model_or_tool_call(client, project_key):
 
 
 def test_it_links_a_trace_with_a_few_queries_whatever_its_size(client, project_key, django_assert_max_num_queries):
-    from dashboard.observatory.derivations import traces_link
+    from dashboard.observatory.derive.passes.links import traces_link
 
     project, auth = project_key
     send(client, auth, *[span(f"{i + 2:016x}", "step", parent="1" * 16, at_ms=i) for i in range(200)])
@@ -295,7 +295,7 @@ def test_it_reads_only_whether_a_span_waits_in_traces_linked_at_ingest(client, p
     conversation: the late-span pass then costs one query per 500 traces and gives no
     conversation to derive again (it gave every conversation of its traces, so a
     pass of 10,000 noted traces re-derived every conversation: two minutes in the soak)."""
-    from dashboard.observatory.derivations import traces_link
+    from dashboard.observatory.derive.passes.links import traces_link
 
     project, auth = project_key
     send(client, auth, span("1" * 16, "agent", gen_ai__conversation__id="conv-l"),
@@ -355,7 +355,7 @@ def test_a_trace_the_derivations_linked_gives_its_later_plain_spans_their_conver
     """TraceConversation is recorded wherever a span gets linked, not only at ingest:
     here a round record names the trace, the late-span pass links the stored span,
     and a later batch of plain spans of the trace is linked as it is stored."""
-    from dashboard.observatory.derivations import traces_link
+    from dashboard.observatory.derive.passes.links import traces_link
     from dashboard.observatory.models import TraceConversation
     from dashboard.observatory.services import records_store
     from pipeline import parse_record

@@ -11,7 +11,9 @@ import pytest
 from django.db.models import Model
 from django.forms.models import model_to_dict
 
-from dashboard.observatory import derivations, tasks
+from dashboard.observatory import tasks
+from dashboard.observatory.derive import schedule
+from dashboard.observatory.derive.passes import links, rollups, totals
 from dashboard.observatory.histogram import histogram_of
 from dashboard.observatory.models import (
     Artifact,
@@ -23,7 +25,8 @@ from dashboard.observatory.models import (
     ToolHourlyRollup,
     ToolMinuteRollup,
 )
-from dashboard.observatory.services import hour_of, minute_of, retention_purge
+from dashboard.observatory.services import retention_purge
+from dashboard.observatory.models import hour_of, minute_of
 from tests.dashboard.observatory.helpers import store
 
 pytestmark = pytest.mark.django_db
@@ -186,7 +189,7 @@ def test_a_conversations_tool_span_counts_as_the_tool_execution_derived_from_it(
     """Span-only calls are looked for among the tool spans no span-row pass derives:
     a conversation's tool call span counts once its tool execution is derived, and
     never twice."""
-    from dashboard.observatory import span_rows
+    from dashboard.observatory.derive.passes import span_rows
     from dashboard.observatory.models import Conversation
 
     conversation = Conversation.objects.create(project=project, external_id="c")
@@ -256,12 +259,12 @@ def test_an_hours_recompute_writes_a_slice_for_every_minute_with_rows(project, r
     store(project, [records.tool_result(tool="a", at=hour + timedelta(hours=1))])  # the next hour: not read
     assert tasks.tool_rollups_refresh(project.pk, [hour.isoformat()]) == 1
     slices = dict(ToolMinuteRollup.objects.filter(tool_name="a").values_list("minute", "calls"))
-    assert ToolMinuteRollup.objects.filter(tool_name=derivations.MINUTE_MARK).count() == 60  # each minute's mark
+    assert ToolMinuteRollup.objects.filter(tool_name=rollups.MINUTE_MARK).count() == 60  # each minute's mark
     assert slices == {hour: 1, hour + timedelta(minutes=7): 2, hour + timedelta(minutes=59): 1}
     assert list(ToolHourlyRollup.objects.values_list("hour", "calls")) == [(hour, 4)]
     ToolExecution.objects.all().delete()
     tasks.tool_rollups_refresh(project.pk, [hour.isoformat()])
-    assert not ToolMinuteRollup.objects.exclude(tool_name=derivations.MINUTE_MARK).exists()
+    assert not ToolMinuteRollup.objects.exclude(tool_name=rollups.MINUTE_MARK).exists()
     assert not ToolHourlyRollup.objects.exists()
 
 
@@ -342,7 +345,7 @@ def test_it_runs_the_beat_tasks_over_all_projects(project, records):
 def test_it_never_overwrites_rollups_with_those_of_a_pass_that_began_earlier(project, records, monkeypatch):
     """Two drainers recompute one minute; the one that began reading first finishes
     last. Its figures are older than what is stored, so it writes nothing."""
-    from dashboard.observatory import derivations
+    from dashboard.observatory.derive.passes import totals
 
     outcome = store(project, [records.tool_result(tool="a")])
     minutes = sorted(m.isoformat() for m in outcome.tool_minutes)
@@ -350,11 +353,11 @@ def test_it_never_overwrites_rollups_with_those_of_a_pass_that_began_earlier(pro
     store(project, [records.tool_result(tool="a")])
     tasks.tool_rollups_refresh(project.pk, [], minutes)  # the fast pass, begun later, saw both rows
     assert ToolHourlyRollup.objects.get().calls == 2
-    real_now = derivations.timezone.now
-    monkeypatch.setattr(derivations.timezone, "now", lambda: began)
+    real_now = totals.timezone.now
+    monkeypatch.setattr(totals.timezone, "now", lambda: began)
     ToolExecution.objects.filter(pk=ToolExecution.objects.order_by("-pk")[0].pk).delete()  # what the slow pass read
     tasks.tool_rollups_refresh(project.pk, [], minutes)
-    monkeypatch.setattr(derivations.timezone, "now", real_now)
+    monkeypatch.setattr(totals.timezone, "now", real_now)
     assert ToolHourlyRollup.objects.get().calls == 2  # the stale figures were not written
 
 
@@ -370,22 +373,21 @@ def test_a_pass_that_found_a_minute_empty_still_wins_over_one_begun_earlier(proj
     tasks.tool_rollups_refresh(project.pk, [], minute)  # the fast pass, begun later: nothing in the minute
     assert not ToolHourlyRollup.objects.exists()
     store(project, [records.tool_result(tool="a", at=at)])  # what the slow pass read
-    real_now = derivations.timezone.now
-    monkeypatch.setattr(derivations.timezone, "now", lambda: began)
+    real_now = totals.timezone.now
+    monkeypatch.setattr(totals.timezone, "now", lambda: began)
     tasks.tool_rollups_refresh(project.pk, [], minute)
-    monkeypatch.setattr(derivations.timezone, "now", real_now)
+    monkeypatch.setattr(totals.timezone, "now", real_now)
     assert not ToolHourlyRollup.objects.exists()  # its stale figures were not written
 
 
 def test_it_links_a_scope_larger_than_a_chunk_like_one_chunk(project, records, monkeypatch):
-    from dashboard.observatory import derivations
 
     outcome = store(project, [records.tool_result(conversation="c", result={"tool_call_id": f"call_{i}"})
                               for i in range(5)])
     for index in range(5):
         span(project, span_id=f"{index + 1:016x}", tool_name="t", tool_call_id=f"call_{index}")
-    monkeypatch.setattr(derivations, "LINK_CHUNK", 2)
-    counts = tasks.links_refresh(project.pk, sorted(outcome.conversation_ids))
+    monkeypatch.setattr(links, "LINK_CHUNK", 2)
+    counts = links.links_refresh(project_id=project.pk, conversation_ids=sorted(outcome.conversation_ids))
     assert counts["tool_executions"] == 5 and counts["spans"] == 5
     assert not ToolExecution.objects.filter(linked_span=None).exists()
     assert set(Span.objects.values_list("conversation__external_id", flat=True)) == {"c"}
@@ -397,7 +399,7 @@ def test_the_beat_holds_the_drain_lock_a_step_at_a_time(project, records, monkey
     them. Held for the whole job, the hour-long soak's last notes waited minutes."""
     import contextlib
 
-    from dashboard.observatory import outbox
+
 
     at = minute_of(records.now)
     store(project, [records.tool_result(conversation=f"c{n}", at=at - timedelta(hours=n)) for n in range(3)])
@@ -414,7 +416,7 @@ def test_the_beat_holds_the_drain_lock_a_step_at_a_time(project, records, monkey
         finally:
             held.pop()
 
-    monkeypatch.setattr(outbox, "drain_exclusive", counted)
+    monkeypatch.setattr(schedule, "drain_exclusive", counted)
     tasks.rollup_recent_hours(hours_back=3)
-    hours = len(derivations.hours_with_rows(project_id=project.pk, since=datetime.now(timezone.utc) - timedelta(hours=3)))
+    hours = len(rollups.hours_with_rows(project_id=project.pk, since=datetime.now(timezone.utc) - timedelta(hours=3)))
     assert len(steps) >= 1 + hours + 3  # the links, each hour, the slices' steps (the conversations of 3 ten-minute spans)

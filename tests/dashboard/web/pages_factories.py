@@ -12,7 +12,8 @@ from typing import Any, Optional
 
 from django.db import transaction
 
-from dashboard.observatory import derivations, services
+from dashboard.observatory import services
+from dashboard.observatory.derive.passes import links, rollups, totals
 from dashboard.observatory.models import Span
 from pipeline import parse_record
 
@@ -26,9 +27,9 @@ def store(project: Any, records: list[dict[str, Any]]) -> services.StoreOutcome:
     parsed = [parse_record(r) for r in records]
     with transaction.atomic():
         outcome = services.records_store(project=project, records=parsed)
-    derivations.links_refresh(project_id=project.pk)
-    derivations.conversation_totals_refresh(conversation_ids=outcome.conversation_ids)
-    derivations.tool_rollups_refresh(project_id=project.pk, minutes=outcome.tool_minutes)
+    links.links_refresh(project_id=project.pk)
+    totals.conversation_totals_refresh(conversation_ids=outcome.conversation_ids)
+    rollups.tool_rollups_refresh(project_id=project.pk, minutes=outcome.tool_minutes)
     return outcome
 
 

@@ -226,12 +226,12 @@ def test_it_estimates_percentiles_when_some_calls_are_spans_alone(client_in, pro
 
     from tests.dashboard.web.pages_factories import HOUR, add_span, store, tool_record
 
-    from dashboard.observatory import derivations
+    from dashboard.observatory.derive.passes import rollups
 
     store(project, [tool_record("conv-p", tool="mixed", duration_ms=10.0)])
     add_span(project, "c" * 32, "1" * 16, "execute_tool mixed", duration_ms=9000.0, tool_name="mixed",
              operation="execute_tool")
-    derivations.tool_rollups_refresh(project_id=project.pk, hours=[HOUR, HOUR + timedelta(hours=1)])
+    rollups.tool_rollups_refresh(project_id=project.pk, hours=[HOUR, HOUR + timedelta(hours=1)])
     response = client_in.get(reverse("web:tool", args=[project.slug, "mixed"]))
     assert response.context["stats"].calls == 2
     percentiles = response.context["percentiles"]

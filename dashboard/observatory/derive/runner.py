@@ -1,7 +1,8 @@
-"""How derivations leave the ingest request.
+"""Who drains the notes, and when: the embedded runner thread, or Celery.
 
-Ingest writes a DerivationNote in its own transaction (observatory.outbox); after
-the commit, ``notify`` makes sure something drains it soon: with a broker, a
+Ingest writes a DerivationNote in its own transaction (derive.notes); after the
+commit the waker registered at start-up (``notify``, by ObservatoryConfig.ready)
+makes sure something drains it soon: with a broker, a
 Celery task (and the beat drains every few seconds whatever a lost message left);
 with none (the embedded default), one background thread per web process that
 drains notes every ``OBSERVATORY_DERIVE_DELAY_MS`` after being woken and polls every
@@ -25,6 +26,12 @@ import time
 
 from django.conf import settings
 from django.db import close_old_connections, connections
+
+from dashboard.observatory import tasks
+
+from . import schedule
+from .drain import outbox_drain_all
+from .notes import notes_ready
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +88,6 @@ class DerivationRunner:
             self._thread.start()
 
     def _loop(self) -> None:
-        from .outbox import notes_ready, outbox_drain_all
-
         while not self._stop.is_set():
             woken = self._wake.wait(timeout=self.POLL_SECONDS)
             self._wake.clear()
@@ -127,16 +132,14 @@ class DerivationRunner:
             logger.exception("closing the derivation thread's connections failed")
 
     def _beat(self) -> None:
-        from . import tasks
-
         if _once_per("derive-hourly", 3600):
             try:
-                tasks.spans_partitions_maintain()
+                schedule.spans_partitions_maintain()
             except Exception:  # a lock not had in time: the next hour tries again
                 logger.exception("creating the spans' partitions ahead failed")
-            tasks.rollup_recent_hours()
+            schedule.rollup_recent_hours()
         if _once_per("derive-daily", 86400):
-            tasks.purge_expired()
+            schedule.purge_expired()
 
 
 def _once_per(name: str, seconds: float) -> bool:
@@ -212,12 +215,9 @@ def runner() -> DerivationRunner:
 
 
 def notify() -> None:
-    """After a commit that wrote a note: have it drained soon (see the module doc)."""
-    from . import tasks
-
+    """After a commit that wrote a note: have it drained soon (see the module doc).
+    Registered with derive.notes at start-up (ObservatoryConfig.ready)."""
     if settings.OBSERVATORY_DERIVE_INLINE and settings.CELERY_TASK_ALWAYS_EAGER:
-        from .outbox import outbox_drain_all
-
         outbox_drain_all()
     elif not settings.CELERY_TASK_ALWAYS_EAGER:
         tasks.outbox_drain.delay()

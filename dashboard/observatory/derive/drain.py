@@ -1,12 +1,13 @@
-"""The derivation outbox: notes written with the rows, drained until done.
+"""The drainer: notes claimed, merged into a batch, derived by the passes, deleted.
 
-``derivations_enqueue`` (services) writes a DerivationNote in the ingest
+``derivations_enqueue`` (derive.notes) writes a DerivationNote in the ingest
 transaction, so work to derive is exactly as durable as the rows: a ``kill -9``
 after the commit loses nothing, before it loses both. ``outbox_drain`` claims ready
 notes under a short lease (``SELECT … FOR UPDATE SKIP LOCKED`` on PostgreSQL; on
 SQLite the claiming transaction holds the write lock, and one drainer at a time
 derives: ``drain_exclusive``), merges them per project so a burst of batches
-costs one pass, runs the idempotent derivations, and deletes the notes. A drainer
+costs one pass, runs the passes (derive.passes, in their fixed order) over the
+batch, and deletes the notes. A drainer
 that dies mid-pass leaves its notes to be claimed again when the lease ends. A
 pass reads what its notes' batches brought (the rows received from its earliest
 batch to its latest: ``_rows_window``), not the conversations' history, and
@@ -30,25 +31,28 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import logging
 import os
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from django.conf import settings
-from django.db import OperationalError, connections, router, transaction
-from django.db.models import F, Min, Q
+from django.db import connections, router, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from dashboard.priority import yield_to_pages
 from dashboard.sqlite.base import writes_first
 
-from .busy import database_busy
-from .models import DerivationNote
+from dashboard.observatory.busy import database_busy
+from dashboard.observatory.models import DerivationNote
+
+from .batch import Batch, Pass
+from .notes import ready
+from .passes import PASSES
 
 logger = logging.getLogger(__name__)
 
@@ -72,75 +76,13 @@ class DrainOutcome:
     parked: int = 0
 
 
-def note_write(
-    *, project_id: int, conversation_ids: list[int], hours: list[str], artifact_ids: list[str],
-    trace_ids: list[str] = (), rows_from: datetime | None = None, minutes: list[str] = (),
-) -> None:
-    """Record work to derive; call it inside the transaction that stores the rows
-    (``rows_from``: a time taken before they were stamped received).
-
-    One hand-written INSERT (values prepared by the model's fields, so each
-    database gets what the ORM would send): every ingest request with something
-    to derive writes a note, and the ORM's ``create`` cost about 0.3 ms more."""
-    now = timezone.now()
-    values = {
-        "project_id": project_id, "conversation_ids": conversation_ids, "hours": hours, "minutes": list(minutes),
-        "artifact_ids": artifact_ids, "trace_ids": list(trace_ids), "created_at": now, "rows_from": rows_from,
-        "available_at": now,
-        "claimed_until": None, "attempts": 0, "last_error": "", "parked": False,
-    }
-    connection = connections[router.db_for_write(DerivationNote)]
-    fields = _note_fields()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _note_insert(connection.alias),
-            [field.get_db_prep_save(values[field.attname], connection) for field in fields],
-        )
-
-
-@functools.cache
-def _note_fields() -> tuple:
-    return tuple(field for field in DerivationNote._meta.concrete_fields if not field.primary_key)
-
-
-@functools.cache
-def _note_insert(alias: str) -> str:
-    quote = connections[alias].ops.quote_name
-    fields = _note_fields()
-    return (
-        f"INSERT INTO {quote(DerivationNote._meta.db_table)} ({', '.join(quote(field.column) for field in fields)}) "
-        f"VALUES ({', '.join(['%s'] * len(fields))})"
-    )
-
-
-def _ready(now) -> Q:
-    return Q(parked=False, available_at__lte=now) & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
-
-
-def notes_ready() -> bool:
-    return DerivationNote.objects.filter(_ready(timezone.now())).exists()
-
-
-def backlog_seconds() -> float:
-    """How long the oldest note due has waited, while a drainer is at work (one
-    holds a lease); 0 when none is: then nothing derives (no runner, the Celery
-    workers down), and slowing ingest down would not help. Two queries on the
-    ``note_ready`` index and the small notes table."""
-    now = timezone.now()
-    oldest = DerivationNote.objects.filter(parked=False, available_at__lte=now).aggregate(
-        oldest=Min("available_at"))["oldest"]
-    if oldest is None or not DerivationNote.objects.filter(claimed_until__gt=now).exists():
-        return 0.0
-    return (now - oldest).total_seconds()
-
-
 def notes_claim(*, limit: int = NOTE_BATCH) -> list[DerivationNote]:
     """Ready notes, oldest first, leased to this drainer (their attempts counted now,
     so a note whose pass kills the process still ends up parked)."""
     now = timezone.now()
     with transaction.atomic():
         ids = list(
-            DerivationNote.objects.filter(_ready(now)).order_by("id")
+            DerivationNote.objects.filter(ready(now)).order_by("id")
             .select_for_update(skip_locked=True).values_list("id", flat=True)[:limit]
         )
         if not ids:
@@ -159,7 +101,7 @@ def outbox_drain(*, limit: int = NOTE_BATCH) -> DrainOutcome:
     for project_id, group in by_project.items():
         yield_to_pages()  # the runner shares the web process with the pages
         try:
-            _derive(project_id, *_merged(group))
+            passes_run(_merged(group))
         except Exception as exc:
             if database_busy(exc):
                 # A busy database says nothing about the notes: the whole group again soon,
@@ -231,29 +173,17 @@ def drain_exclusive(*, wait: bool = True) -> Iterator[bool]:
         os.close(descriptor)  # releases the lock
 
 
-def notes_retry(*, ids: Iterable[int]) -> int:
-    """Make parked or waiting notes ready again now (the admin's "retry now")."""
-    return DerivationNote.objects.filter(id__in=list(ids)).update(
-        parked=False, available_at=timezone.now(), claimed_until=None, attempts=0
-    )
-
-
-def _merged(
-    notes: list[DerivationNote],
-) -> tuple[list[int], list[str], list[str], list[str], list[str], datetime, datetime]:
-    conversations: set[int] = set()
-    hours: set[str] = set()
-    minutes: set[str] = set()
-    artifacts: set[str] = set()
-    traces: set[str] = set()
-    for note in notes:
-        conversations.update(note.conversation_ids)
-        hours.update(note.hours)
-        minutes.update(note.minutes)
-        artifacts.update(note.artifact_ids)
-        traces.update(note.trace_ids)
+def _merged(notes: list[DerivationNote]) -> Batch:
+    """One batch of one project's notes: the union of what they name."""
     since, until = _rows_window(notes)
-    return sorted(conversations), sorted(hours), sorted(minutes), sorted(artifacts), sorted(traces), since, until
+    batch = Batch(project_id=notes[0].project_id, since=since, until=until)
+    for note in notes:
+        batch.conversation_ids.update(note.conversation_ids)
+        batch.hours.update(map(datetime.fromisoformat, note.hours))
+        batch.minutes.update(map(datetime.fromisoformat, note.minutes))
+        batch.artifact_ids.update(note.artifact_ids)
+        batch.trace_ids.update(note.trace_ids)
+    return batch
 
 
 def _rows_window(notes: list[DerivationNote]) -> tuple[datetime, datetime]:
@@ -273,62 +203,15 @@ def _rows_window(notes: list[DerivationNote]) -> tuple[datetime, datetime]:
     return since, max(note.created_at for note in about_rows) + CLOCK_SLACK
 
 
-def _derive(
-    project_id: int, conversation_ids: list[int], hours: list[str], minutes: list[str], artifact_ids: list[str],
-    trace_ids: list[str] = (), since: datetime | None = None, until: datetime | None = None,
-) -> None:
-    from . import derivations, span_rows, tasks
-
-    conversation_ids = list(conversation_ids)
-    minutes = list(minutes)
-    linked_traces: set[str] = set()
-    if trace_ids:
-        # Late spans: link the rest of each trace to the conversation one of its spans names.
-        linked = derivations.traces_link(project_id=project_id, trace_ids=trace_ids, linked_traces=linked_traces)
-        conversation_ids = sorted(set(conversation_ids) | set(linked))
-    if conversation_ids:
-        # The link pass derives the rows and totals of the conversations it linked
-        # spans to; the others get theirs here, so no conversation is derived twice.
-        linked = set(tasks.links_refresh(
-            project_id, conversation_ids, since=since.isoformat() if since else None,
-            until=until.isoformat() if until else None, trace_ids=sorted(linked_traces),
-            minutes_changed=minutes)["conversation_ids"])
-        rest = [conversation for conversation in conversation_ids if conversation not in linked]
-        if rest:
-            # Rounds, messages and tool executions from model-call and tool spans.
-            # Only what these notes' batches brought: the spans received between since and
-            # until, and the spans of the traces linked above (late spans, whenever received).
-            derived_minutes = span_rows.span_rows_derive(project_id=project_id, conversation_ids=rest, since=since,
-                                                         until=until, trace_ids=sorted(linked_traces))
-            minutes = sorted(set(minutes) | {minute.isoformat() for minute in derived_minutes})
-            tasks.conversation_totals_refresh(rest, minutes)  # the minutes whose tool rows changed
-    if hours or minutes:
-        _rollups_refresh(project_id, hours, minutes)
-    if artifact_ids:
-        tasks.links_refresh(project_id, None, artifact_ids)
-
-
-def _rollups_refresh(project_id: int, hours: list[str], minutes: list[str]) -> None:
-    """Recompute the minutes due now (those of whole hours included); note the
-    others for when they are due (a minute at most once per
-    OBSERVATORY_ROLLUP_INTERVAL_SECONDS: see rollup_minutes_due)."""
-    from . import derivations, tasks
-
-    due, later, when = derivations.rollup_minutes_due(
-        project_id=project_id, minutes=derivations.rollup_minutes(
-            hours=map(datetime.fromisoformat, hours), minutes=map(datetime.fromisoformat, minutes)),
-        interval=timedelta(seconds=settings.OBSERVATORY_ROLLUP_INTERVAL_SECONDS),
-    )
-    if due:
-        tasks.tool_rollups_refresh(project_id, [], [minute.isoformat() for minute in due])
-    if later:
-        DerivationNote.objects.create(project_id=project_id, minutes=[minute.isoformat() for minute in later],
-                                      available_at=when)
+def passes_run(batch: Batch, passes: tuple[Pass, ...] = PASSES) -> None:
+    """Run the passes over the batch, in their fixed order (``passes.PASSES``)."""
+    for derivation in passes:
+        derivation.run(batch)
 
 
 def _derive_alone(note: DerivationNote, outcome: DrainOutcome) -> None:
     try:
-        _derive(note.project_id, *_merged([note]))
+        passes_run(_merged([note]))
     except Exception as exc:
         outcome.failed += 1
         _failed(note, exc, outcome)

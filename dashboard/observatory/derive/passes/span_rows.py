@@ -1,4 +1,4 @@
-"""Rounds, messages and tool executions derived from spans, so a conversation that
+"""The span-row pass: rounds, messages and tool executions derived from spans, so a conversation that
 arrives only as spans (OpenInference, OpenLLMetry, the GenAI semantic conventions)
 is a conversation like a record-fed one: every page reads the same rows.
 
@@ -35,10 +35,13 @@ from django.db.models import Exists, Max, OuterRef, Q
 
 from dashboard.priority import yield_to_pages
 
-from . import conventions
-from .conventions import CHAT, EXECUTE_TOOL, MessageFact, span_facts
-from .models import Message, Round, Source, Span, ToolExecution, minute_of
-from .paging import keyset_pages
+from dashboard.observatory import conventions
+from dashboard.observatory.conventions import CHAT, EXECUTE_TOOL, MessageFact, span_facts
+from dashboard.observatory.models import Conversation, Message, Round, Source, Span, ToolExecution, minute_of
+from dashboard.observatory.paging import keyset_pages
+from dashboard.observatory.rows import insert_ignoring_conflicts, update_rows
+
+from ..batch import Batch, Pass, received_window
 
 NAMESPACE = uuid.UUID("6f1d1c2e-5b0a-4c1e-9d3c-7a7f0e6b5a10")
 CHUNK = 500
@@ -74,14 +77,6 @@ def span_rows_derive(
     for start in range(0, len(ids), CHUNK):
         minutes |= _conversations(project_id, ids[start:start + CHUNK], received, traces)
     return minutes
-
-
-def received_window(since: datetime | None, until: datetime | None) -> dict[str, datetime] | None:
-    """The filter on received_at for the rows some batches brought (``until``
-    optional); None without ``since``: every row."""
-    if since is None:
-        return None
-    return {"received_at__gte": since, **({"received_at__lte": until} if until else {})}
 
 
 CANDIDATES = 1_000  # candidate spans read, and derived in one transaction, at a time
@@ -174,8 +169,6 @@ USER_SPANS = 20  # naming spans read for the user per conversation that has none
 def _user_from_naming_spans(ids: list[int]) -> None:
     """The user, when no round says it: from the spans that name the conversation
     (an agent's root span often carries user and session, its model calls neither)."""
-    from .models import Conversation
-
     missing = list(Conversation.objects.filter(pk__in=ids, user_id="").values_list("pk", flat=True))
     if not missing:
         return
@@ -273,8 +266,6 @@ def _tool_calls(message: MessageFact) -> list[dict[str, Any]]:
 
 def _rounds_from(project_id: int, span_pks: list[int]) -> set[int]:
     """Rounds and messages of these model-call spans; returns their conversations."""
-    from .services import insert_ignoring_conflicts
-
     rounds, messages, conversations = [], [], set()
     for span in Span.objects.filter(pk__in=span_pks).only(*_SPAN_FIELDS):
         conversation_id = span.conversation_id
@@ -319,8 +310,6 @@ def _rounds_from(project_id: int, span_pks: list[int]) -> set[int]:
 def _renumber(conversation_ids: list[int]) -> None:
     """Number the derived rounds of these conversations in start order (after any
     record rounds), and their messages with them."""
-    from .derivations import update_rows
-
     if not conversation_ids:
         return
     offsets = dict(
@@ -410,8 +399,6 @@ def _text(value: Any) -> str:
 
 
 def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> set[datetime]:
-    from .services import insert_ignoring_conflicts
-
     spans = list(Span.objects.filter(pk__in=span_pks).order_by("start_time", "id").only(*_SPAN_FIELDS))
     rows, minutes = [], set()
     by_call = calls["by_call"]
@@ -526,8 +513,6 @@ def _assign_rounds(project_id: int, conversation_ids: list[int], calls: dict[str
     """Derived tool executions stored before their round, or whose call was not
     known yet (batches come in any order), get them now, with the arguments the
     model's call gave."""
-    from .derivations import update_rows
-
     # Only where a derived round could take them: a conversation's traces that have
     # rounds (a tool span of a trace with no model-call span waits for nothing).
     traces = {trace for (_, trace) in calls["by_trace"]}
@@ -562,3 +547,20 @@ def _assign_rounds(project_id: int, conversation_ids: list[int], calls: dict[str
             execution.parameters = found[2]
         changed.append(execution)
     update_rows(ToolExecution, changed, ["round_id", "tool_call_id", "parameters"])
+
+
+def run(batch: Batch) -> None:
+    """The batch's conversations (noted, and those the links pass gave spans): the
+    spans received with its notes' batches and those of the traces linked late."""
+    if batch.conversation_ids:
+        batch.minutes |= span_rows_derive(
+            project_id=batch.project_id, conversation_ids=batch.conversation_ids, since=batch.since,
+            until=batch.until, trace_ids=batch.linked_traces)
+
+
+PASS = Pass(
+    name="span_rows",
+    reads=("Span", "Round", "ToolExecution", "Conversation"),
+    writes=("Round", "Message", "ToolExecution", "Conversation.user_id"),
+    run=run,
+)

@@ -1,0 +1,229 @@
+"""Rows written in bulk, shared by ingest and the derivation passes: the
+conversations of a batch got or created, INSERT … ON CONFLICT DO NOTHING without
+the ORM's per-row cost, and UPDATE by primary key as one executemany. The lowest
+layer of writes: it imports the models and nothing of ingest or the derivations."""
+
+from __future__ import annotations
+
+import json
+import operator
+import uuid
+from datetime import datetime
+from datetime import timezone as dt_timezone
+from typing import Any, Sequence
+
+from django.db import IntegrityError, connections, models, router, transaction
+
+from dashboard.accounts.models import Project
+
+from .models import Conversation
+
+
+def conversations_get_or_create(
+    *, project: Project, first_seen: dict[str, tuple[datetime, datetime]]
+) -> dict[str, int]:
+    """Conversation pk by external id, creating the missing ones in bulk.
+
+    ``first_seen`` maps external id -> (earliest, latest) time seen in this batch,
+    used as started_at / last_activity_at of a new conversation. Two to three
+    queries whatever the number of conversations; a concurrent creator is absorbed
+    by ignore_conflicts and the re-read.
+    """
+    ids = list(first_seen)
+    found = dict(
+        Conversation.objects.filter(project=project, external_id__in=ids).values_list("external_id", "pk")
+    )
+    missing = [external_id for external_id in ids if external_id not in found]
+    if missing:
+        Conversation.objects.bulk_create(
+            [
+                Conversation(
+                    project=project,
+                    external_id=external_id,
+                    started_at=first_seen[external_id][0],
+                    last_activity_at=first_seen[external_id][1],
+                )
+                for external_id in missing
+            ],
+            ignore_conflicts=True,
+        )
+        found.update(
+            Conversation.objects.filter(project=project, external_id__in=missing).values_list("external_id", "pk")
+        )
+    return found
+
+
+def update_rows(model: type[models.Model], objs: list[models.Model], field_names: list[str]) -> None:
+    """UPDATE … WHERE id = %s for each object, as one executemany: what bulk_update
+    does without building a CASE expression per field and row."""
+    if not objs:
+        return
+    connection = connections[router.db_for_write(model)]
+    fields = [model._meta.get_field(name) for name in field_names]
+    quote = connection.ops.quote_name
+    sql = "UPDATE {} SET {} WHERE {} = %s".format(
+        quote(model._meta.db_table),
+        ", ".join(f"{quote(f.column)} = %s" for f in fields),
+        quote(model._meta.pk.column),
+    )
+    params = [[f.get_db_prep_save(getattr(obj, f.attname), connection) for f in fields] + [obj.pk] for obj in objs]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
+
+
+# --- bulk insert --------------------------------------------------------------------
+
+# One encoder for the module (json.dumps with options builds one per call); compact
+# and UTF-8 as is: the stored text is only ever read back as JSON.
+json_text = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+_PLAIN_TYPES = {
+    "AutoField", "BigAutoField", "BigIntegerField", "BooleanField", "CharField", "FloatField", "ForeignKey",
+    "IntegerField", "PositiveIntegerField", "PositiveSmallIntegerField", "SmallIntegerField", "TextField",
+}
+
+
+def sqlite_datetime(value: datetime | None) -> str | None:
+    """What Django's SQLite backend stores for a datetime: naive UTC as text."""
+    if value is None:
+        return None
+    if value.tzinfo is not None:
+        value = value.astimezone(dt_timezone.utc).replace(tzinfo=None)
+    return str(value)
+
+
+def _uuid_hex(value: uuid.UUID | None) -> str | None:
+    return None if value is None else value.hex
+
+
+def _adapter(field: models.Field, connection: Any) -> Any:
+    """How a Python value of this column becomes what the driver takes: None when
+    as it is, else a plain function (Django's ``get_db_prep_save`` does the same
+    but costs more than the database on this path)."""
+    kind = field.get_internal_type()
+    if kind in _PLAIN_TYPES:
+        return None
+    if kind == "JSONField" and field.encoder is None:
+        return json_text
+    if connection.vendor == "sqlite" and kind == "DateTimeField":
+        return sqlite_datetime
+    if connection.vendor == "sqlite" and kind == "UUIDField":
+        return _uuid_hex
+    if connection.vendor == "postgresql" and kind in ("DateTimeField", "UUIDField"):
+        return None  # psycopg adapts aware datetimes and UUIDs natively
+    return lambda value: field.get_db_prep_save(value, connection)
+
+
+def read_together(queries: Sequence[tuple[str, Sequence[Any]]], using: str = "default") -> list[list[tuple[Any, ...]]]:
+    """The rows of each query (sql, params), in order. On PostgreSQL they go as one
+    query string (the simple protocol: Django's psycopg cursor binds parameters
+    client-side), one round trip for all; SQLite runs one statement at a time, each
+    a local read."""
+    if not queries:
+        return []
+    connection = connections[using]
+    together = (connection.vendor == "postgresql" and len(queries) > 1
+                and not connection.settings_dict["OPTIONS"].get("server_side_binding"))
+    with connection.cursor() as cursor:
+        if not together:  # (server-side binding prepares each statement: one at a time)
+            results = []
+            for sql, params in queries:
+                cursor.execute(sql, params)
+                results.append(cursor.fetchall())
+            return results
+        cursor.execute("; ".join(sql for sql, _ in queries), [value for _, params in queries for value in params])
+        results = [cursor.fetchall()]
+        while cursor.nextset():
+            results.append(cursor.fetchall())
+        return results
+
+
+def insert_ignoring_conflicts(model: type[models.Model], rows: Sequence[dict[str, Any]]) -> int:
+    """Insert rows given as {attname: Python value} (columns left out take their
+    default), skipping those that hit a unique constraint; returns how many were
+    inserted. A conflict is a retry of the same record_id, so skipping it is right."""
+    if not rows:
+        return 0
+    connection = connections[router.db_for_write(model)]
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    defaults = {f.attname: f.get_default() for f in fields}
+    pick = operator.itemgetter(*defaults)  # the row's values in column order, at C speed
+    adapted = [(i, adapt) for i, f in enumerate(fields) if (adapt := _adapter(f, connection)) is not None]
+    values = []
+    for row in rows:
+        row_values = list(pick({**defaults, **row}))
+        for i, adapt in adapted:
+            if row_values[i] is not None:
+                row_values[i] = adapt(row_values[i])
+        values.append(row_values)
+    return insert_values_ignoring_conflicts(model, [f.column for f in fields], values)
+
+
+def insert_values_ignoring_conflicts(
+    model: type[models.Model], columns: Sequence[str], values: Sequence[Sequence[Any]], *, optimistic: bool = False
+) -> int:
+    """INSERT … ON CONFLICT DO NOTHING of rows already adapted to the driver, in
+    the caller's transaction; returns the rows inserted.
+
+    - SQLite: one prepared statement run with ``executemany``;
+    - PostgreSQL: ``COPY`` straight into the table, in a savepoint. COPY cannot
+      skip conflicts, but a conflict is rare (a retried batch), and psycopg
+      formats COPY rows far cheaper than statement parameters; the database
+      writes each row once. When the COPY hits a unique constraint the savepoint
+      undoes it and the rows go through ``_copy_via_staging``, which skips them.
+      ``optimistic``: no savepoint (two round trips and a subtransaction fewer), for
+      a caller that can run its transaction again: a conflict raises IntegrityError
+      and leaves the transaction to roll back (the group commit's first try).
+
+    What ``bulk_create(ignore_conflicts=True)`` does, without its per-row model
+    instances and SQL compilation, and without SQLite's 999-parameter batches.
+    """
+    if not values:
+        return 0
+    alias = router.db_for_write(model)
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    column_list = ", ".join(quote(column) for column in columns)
+    with connection.cursor() as cursor:
+        if connection.vendor != "postgresql":
+            placeholders = ", ".join(["%s"] * len(columns))
+            cursor.executemany(
+                f"INSERT INTO {table} ({column_list}) VALUES ({placeholders}) ON CONFLICT DO NOTHING", values
+            )
+            return max(cursor.rowcount, 0)
+        if optimistic:
+            _copy(cursor, table, column_list, values)
+            return len(values)
+        try:
+            with transaction.atomic(using=alias):
+                _copy(cursor, table, column_list, values)
+            return len(values)
+        except IntegrityError:
+            return _copy_via_staging(cursor, model, table, column_list, values)
+
+
+def _copy(cursor: Any, table: str, column_list: str, values: Sequence[Sequence[Any]]) -> None:
+    # psycopg's own cursor (Django's wrapper has no copy); its errors become
+    # Django's, so a deadlock is an OperationalError (503) and a conflict an IntegrityError.
+    with cursor.db.wrap_database_errors:
+        with cursor.cursor.copy(f"COPY {table} ({column_list}) FROM STDIN") as copy:
+            for row in values:
+                copy.write_row(row)
+
+
+def _copy_via_staging(cursor: Any, model: type[models.Model], table: str, column_list: str,
+                      values: Sequence[Sequence[Any]]) -> int:
+    """COPY into a temp staging table, then one INSERT … SELECT … ON CONFLICT DO
+    NOTHING. The staging table belongs to this connection and empties itself at
+    commit or rollback; rows an earlier call of the same transaction left are
+    deleted first."""
+    staging = cursor.db.ops.quote_name(f"{model._meta.db_table}_ingest")
+    cursor.execute(
+        f"CREATE TEMP TABLE IF NOT EXISTS {staging} ON COMMIT DELETE ROWS "
+        f"AS SELECT {column_list} FROM {table} WITH NO DATA"
+    )
+    cursor.execute(f"DELETE FROM {staging}")
+    _copy(cursor, staging, column_list, values)
+    cursor.execute(f"INSERT INTO {table} ({column_list}) SELECT {column_list} FROM {staging} ON CONFLICT DO NOTHING")
+    return max(cursor.rowcount, 0)
