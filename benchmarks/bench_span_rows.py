@@ -74,12 +74,12 @@ def main(argv: list[str] | None = None) -> None:
         from dashboard.accounts.services import project_create
         from dashboard.ingest.otlp import decode_json
         from dashboard.ingest.spans import spans_store
-        from dashboard.observatory.derive import runner
+        from dashboard.observatory.derive import notes
+        from dashboard.observatory.derive.drain import outbox_drain_all
         from dashboard.observatory.derive.passes import span_rows
         from dashboard.observatory.models import Conversation, Message, Round, ToolExecution
-        from dashboard.observatory.derive.drain import outbox_drain_all
 
-        runner.notify = lambda: None  # drained below, timed, not by a background thread
+        notes._wakers.clear()  # drained below, timed, not by a background thread
         project = project_create(name=f"bench-span-rows-{time.time_ns()}")
         start_ns = time.time_ns() - 3_600_000_000_000
         spans = [s for n in range(args.conversations) for s in agent_run(n, start_ns)]

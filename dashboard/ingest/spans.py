@@ -34,7 +34,7 @@ traces that a span of this batch just linked, go into the derivation note as tra
 ids: the outbox links the rest of each trace as soon as one of its spans names the
 conversation, in whichever order the batches come (BatchSpanProcessor exports
 children before their parent). The same note makes the derivation turn model-call
-and tool spans into rounds, messages and tool executions (observatory.span_rows).
+and tool spans into rounds, messages and tool executions (observatory.derive.passes.span_rows).
 """
 
 from __future__ import annotations

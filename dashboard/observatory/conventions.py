@@ -12,7 +12,7 @@ and the pipeline's own ``ba.*`` attributes. Messages come in three shapes
 
 A new convention is a row here, nothing else: ingest (dashboard.ingest.spans), the
 linking and the derivation of rounds, messages and tool executions from spans
-(observatory.span_rows) all read spans through ``span_facts``. docs/conventions.md
+(observatory.derive.passes.span_rows) all read spans through ``span_facts``. docs/conventions.md
 is this table in prose. Pure Python, no Django.
 """
 

@@ -113,7 +113,7 @@ class _RecordRow(models.Model):
 
 class Source(models.TextChoices):
     """Where a round, message or tool execution came from: a pipeline record, or
-    derived from spans (observatory.span_rows) when no record describes the call."""
+    derived from spans (observatory.derive.passes.span_rows) when no record describes the call."""
 
     RECORD = "record", "record"
     SPAN = "span", "span"
@@ -726,7 +726,7 @@ class DerivationNote(models.Model):
     """Work to derive, written in the same transaction as the rows it is about (an
     outbox): conversations whose totals and links to refresh, minutes (or whole
     hours) whose tool rollups to recompute, artifacts to link. Drained by the web process's runner or
-    the Celery workers (observatory.outbox); a note is deleted only after its work
+    the Celery workers (observatory.derive.drain); a note is deleted only after its work
     committed, so a crash at any moment leaves it to be drained again (the work is
     idempotent). A note that keeps failing is split down to one conversation,
     minute or hour, retried with backoff, and finally parked for an admin to look at.

@@ -22,7 +22,7 @@ from dashboard.accounts.services import apikey_create, apikey_revoke, project_cr
 from dashboard.ingest import common, spans as spans_module
 from dashboard.ingest.otlp import MAX_SPANS, MAX_VALUE_CHARS, TRUNCATION_MARKER
 from dashboard.observatory.models import Conversation, DerivationNote, Span, ToolExecution
-from dashboard.observatory.derive.runner import notify
+from dashboard.observatory.derive.notes import wake
 from dashboard.observatory.derive.drain import outbox_drain_all
 
 pytestmark = pytest.mark.django_db
@@ -378,7 +378,7 @@ def test_it_does_not_link_another_projects_tool_execution(client, auth, project)
 
 def _notified(callbacks: list) -> list:
     """The drainer told after commit (among the callbacks: also a key's last use written)."""
-    return [callback for callback in callbacks if callback is notify]
+    return [callback for callback in callbacks if callback is wake]
 
 
 def test_it_enqueues_derivations_once_per_batch_with_genai_spans(client, auth, django_capture_on_commit_callbacks):

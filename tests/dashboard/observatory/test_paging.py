@@ -49,34 +49,35 @@ def test_rows_that_leave_the_query_while_it_is_read_skip_none_of_the_others(proj
     assert sorted(seen) == sorted(row.pk for row in rows) and len(seen) == len(set(seen))
 
 
-def five_calls_to_link_two_a_page(project, records, monkeypatch) -> list[str]:
-    """Five tool executions unlinked, each with its span, and the link pass reading two a page."""
+def five_calls_to_link_two_a_page(project, records, monkeypatch) -> tuple[list[str], list[int]]:
+    """Five tool executions unlinked, each with its span, and the link pass reading two
+    a page; returns the calls and the records' conversations (the batch's)."""
     monkeypatch.setattr(links, "LINK_CHUNK", 2)
     calls = [f"call_{n}" for n in range(5)]
-    records_store(project=project, records=[parse_record(records.tool_result(result={"tool_call_id": call}))
-                                            for call in calls])
+    outcome = records_store(project=project, records=[
+        parse_record(records.tool_result(result={"tool_call_id": call})) for call in calls])
     now = datetime.now(timezone.utc)
     Span.objects.bulk_create([
         Span(project=project, trace_id=f"{n + 1:032x}", span_id=f"{n + 1:016x}", start_time=now, end_time=now,
              tool_call_id=call) for n, call in enumerate(calls)])
-    return calls
+    return calls, sorted(outcome.conversation_ids)
 
 
-def test_the_beats_link_pass_links_executions_past_one_page(project, records, monkeypatch):
-    calls = five_calls_to_link_two_a_page(project, records, monkeypatch)
-    counts = links.links_refresh(project_id=project.pk)
+def test_a_batchs_link_pass_links_executions_past_one_page(project, records, monkeypatch):
+    calls, conversations = five_calls_to_link_two_a_page(project, records, monkeypatch)
+    counts = links.links_refresh(project_id=project.pk, conversation_ids=conversations)
     assert counts["tool_executions"] == len(calls)
     assert not ToolExecution.objects.filter(linked_span=None).exists()
 
 
-def test_the_beats_link_pass_writes_a_page_at_a_time_inside_its_step_and_reads_outside(project, records, monkeypatch):
+def test_the_link_pass_writes_a_page_at_a_time_inside_its_step_and_reads_outside(project, records, monkeypatch):
     """With ``step`` (the beat's: on SQLite the drain lock), each page's links are
     written inside one step and the next page is read outside any: the outbox drains
     between pages. Held for the whole pass, the hour-long soak's last notes waited
     while the beat read 6.7M tool executions."""
     import contextlib
 
-    calls = five_calls_to_link_two_a_page(project, records, monkeypatch)
+    calls, conversations = five_calls_to_link_two_a_page(project, records, monkeypatch)
     held, steps, linked_inside = [], [], []
 
     @contextlib.contextmanager
@@ -102,7 +103,7 @@ def test_the_beats_link_pass_writes_a_page_at_a_time_inside_its_step_and_reads_o
 
     monkeypatch.setattr(links, "keyset_pages", pages)
     monkeypatch.setattr(links, "_executions_link", link)
-    counts = links.links_refresh(project_id=project.pk, step=step)
+    counts = links.links_refresh(project_id=project.pk, conversation_ids=conversations, step=step)
     assert counts["tool_executions"] == len(calls)
-    assert linked_inside == [True] * 3  # 5 executions, 2 a page
-    assert len(steps) == 3 + 1  # the pages, then the spans and artifacts
+    assert linked_inside and all(linked_inside)
+    assert len(steps) == 3 + 1  # 5 executions, 2 a page; then the spans' side and the artifacts

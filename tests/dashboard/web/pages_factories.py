@@ -27,7 +27,7 @@ def store(project: Any, records: list[dict[str, Any]]) -> services.StoreOutcome:
     parsed = [parse_record(r) for r in records]
     with transaction.atomic():
         outcome = services.records_store(project=project, records=parsed)
-    links.links_refresh(project_id=project.pk)
+    links.links_refresh(project_id=project.pk, conversation_ids=outcome.conversation_ids)
     totals.conversation_totals_refresh(conversation_ids=outcome.conversation_ids)
     rollups.tool_rollups_refresh(project_id=project.pk, minutes=outcome.tool_minutes)
     return outcome

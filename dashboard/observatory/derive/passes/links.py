@@ -25,6 +25,7 @@ from django.utils import timezone
 from dashboard.accounts.models import Project
 from dashboard.priority import yield_to_pages
 from dashboard.observatory import conventions
+from dashboard.observatory.conventions import EXECUTE_TOOL
 from dashboard.observatory.models import Artifact, Conversation, LogRecord, Round, Span, ToolExecution
 from dashboard.observatory.paging import keyset_pages
 from dashboard.observatory.rows import conversations_get_or_create, update_rows
@@ -33,7 +34,12 @@ from dashboard.observatory.trace_links import trace_conversations_record
 from ..batch import Batch, Pass, received_window
 
 
-LINK_WINDOW = timedelta(days=2)  # how far back the beat's pass looks for unlinked rows
+LINK_WINDOW = timedelta(days=2)  # how far back a batch's pass without a time looks for its rows
+# How far back the hourly sweep looks for unlinked spans, artifacts and log records:
+# the hour since its last run and a margin. What arrives is linked by its batch's pass;
+# the sweep only catches what a race left, so its cost follows the last hour's arrivals,
+# never the days of history.
+SWEEP_LOOKBACK = timedelta(minutes=75)
 BEAT_SPAN_LIMIT = 5_000  # unlinked spans one beat pass loads, the newest first (bounds its memory too)
 LINK_CHUNK = 2_000  # tool executions one step of the link pass reads at once
 
@@ -63,26 +69,26 @@ def links_refresh(
     conversations received from ``since`` to ``until`` (the outbox passes the times
     of its notes' batches, so a pass reads what its batches brought, not the
     conversations' history nor the batches of later notes) and the spans that
-    share their tool calls or traces; with ``artifact_ids`` (after an upload) only
-    those artifacts. Every query is then bounded by those ids and served by an
-    index, so the work after a batch is proportional to the batch, not to the
-    database. With neither (the hourly
-    beat): the unlinked rows that occurred or started since ``since``, through the
-    time indexes, and at most BEAT_SPAN_LIMIT unlinked spans, the newest.
+    share their tool calls or traces, and the unlinked tool executions their tool
+    spans name (a record stored before its span); with ``artifact_ids`` (after an
+    upload) only those artifacts. Every query is then bounded by those ids and served
+    by an index, so the work after a batch is proportional to the batch, not to the
+    database. With neither (the hourly sweep): the unlinked spans started and the
+    artifacts stored since ``since`` (default SWEEP_LOOKBACK), at most BEAT_SPAN_LIMIT
+    spans, the newest; no tool execution (both sides of a call link at arrival).
 
     Tool executions are read LINK_CHUNK at a time (``keyset_pages``), so memory is
     bounded by the chunk whatever the scope holds. Each page's links, and the spans'
-    and artifacts' at the end, are written inside ``step()`` (the beat: on SQLite the
-    drain lock, so the outbox drains between pages). Held for the whole pass, the lock
-    kept every drainer out for minutes at the end of the hour-long soak: the beat read
-    6.7M tool executions, 0.7M of them unlinked, and the last notes of the load waited.
+    and artifacts' at the end, are written inside ``step()`` (the sweep: on SQLite the
+    drain lock, so the outbox drains between steps).
 
     Only links are added, never changed, so running it again changes nothing.
     Returns counts, the ids of conversations that gained spans (their totals
     and activity times need a refresh) and the traces of those spans (where the
     spans to derive rows from are, whenever they were received).
     """
-    since = since or timezone.now() - LINK_WINDOW
+    since = since or timezone.now() - (LINK_WINDOW if conversation_ids is not None or artifact_ids is not None
+                                       else SWEEP_LOOKBACK)
     counts: dict[str, Any] = {"tool_executions": 0, "spans": 0, "artifacts": 0, "conversations_created": 0}
     gained: set[int] = set()
     linked_traces: set[str] = set()  # of the spans linked to a conversation here
@@ -92,20 +98,14 @@ def links_refresh(
     unlinked_spans = Span.objects.filter(project_id=project_id, conversation__isnull=True)
 
     received = received_window(since, until)
-    if scoped:
-        # toolexec_project_received: the rows these batches brought, not the conversations' history.
-        executions_in_scope = ToolExecution.objects.filter(
-            project_id=project_id, conversation_id__in=conversation_list, **received)
-        order = "received_at"
-    else:
-        # toolexec_project_time; the beat only links executions (spans below by their own query)
-        executions_in_scope = ToolExecution.objects.filter(
-            project_id=project_id, occurred_at__gte=since, linked_span__isnull=True)
-        order = "occurred_at"
-    # The beat reads executions only to link them to spans: none to link to, nothing to read.
-    read = conversation_list if scoped else project_has_spans
-    pages = keyset_pages(executions_in_scope, order, (
-        "id", "tool_call_id", "trace_id", "span_id", "linked_span_id", "artifact_id"), LINK_CHUNK) if read else ()
+    # toolexec_project_received: the rows these batches brought, not the conversations' history.
+    # The sweep reads no tool executions: a batch links its executions to the spans stored
+    # before it, and its spans to the executions stored before them (below), so whichever
+    # arrives second makes the link. It walked every unlinked execution of two days before:
+    # 6.7M rows an hour into the soak, and more each hour.
+    executions_in_scope = ToolExecution.objects.filter(
+        project_id=project_id, conversation_id__in=conversation_list, **received)
+    pages = keyset_pages(executions_in_scope, "received_at", EXECUTION_FIELDS, LINK_CHUNK) if conversation_list else ()
     for in_scope in pages:
         with step():
             learned_traces = _executions_link(project_id, in_scope, counts) if project_has_spans else set()
@@ -131,9 +131,15 @@ def links_refresh(
             _spans_link(project_id, _spans_by_calls_or_traces(unlinked_spans, set(), round_traces), counts, gained,
                         linked_traces)
         elif project_has_spans and not scoped:
-            # span_project_time, newest first; received_at has no index to bound it by
+            # span_project_time, newest first, back to SWEEP_LOOKBACK at most
             _spans_link(project_id, [unlinked_spans.filter(start_time__gte=since).order_by("-start_time")[:BEAT_SPAN_LIMIT]],
                         counts, gained, linked_traces)
+        if project_has_spans and (conversation_list or linked_traces):
+            # Tool executions stored before their span and not linked by the span's ingest (a
+            # record committed while the span's batch was being stored): from the spans' side.
+            _executions_link(project_id, _executions_awaiting(
+                project_id, sorted(set(conversation_list) | gained) if conversation_list else [], received,
+                linked_traces), counts)
 
         # Artifacts -> tool executions (after a records batch: those its executions name, above).
         if artifact_ids is not None:
@@ -145,6 +151,29 @@ def links_refresh(
     counts["conversation_ids"] = sorted(gained)
     counts["trace_ids"] = sorted(linked_traces)
     return counts
+
+
+EXECUTION_FIELDS = ("id", "tool_call_id", "trace_id", "span_id", "linked_span_id", "artifact_id")
+
+
+def _executions_awaiting(project_id: int, conversation_ids: list[int], received: dict[str, datetime] | None,
+                         traces: set[str]) -> list[tuple]:
+    """The unlinked tool executions that a tool span of these conversations (received
+    in ``received``), or any span of ``traces`` (linked late), names by its tool call id.
+    Index lookups: span_derivable_received and span_unique for the spans,
+    toolexec_project_tool_call for the executions."""
+    with_call = Span.objects.exclude(tool_call_id="")
+    queries = [with_call.filter(conversation_id__in=conversation_ids, operation=EXECUTE_TOOL, **(received or {}))
+               .exclude(operation="")] if conversation_ids else []
+    if traces:
+        queries.append(with_call.filter(project_id=project_id, trace_id__in=sorted(traces)))
+    calls = sorted({call for query in queries for call in query.values_list("tool_call_id", flat=True)})
+    rows: list[tuple] = []
+    for start in range(0, len(calls), LINK_CHUNK):
+        rows += ToolExecution.objects.filter(
+            project_id=project_id, tool_call_id__in=calls[start:start + LINK_CHUNK], linked_span__isnull=True,
+        ).values_list(*EXECUTION_FIELDS)
+    return rows
 
 
 def _executions_link(project_id: int, in_scope: list[tuple], counts: dict[str, Any]) -> set[str]:
