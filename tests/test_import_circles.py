@@ -72,7 +72,7 @@ def import_graph(root: Path, packages: tuple[str, ...]) -> Graph:
                     continue
                 if is_package and target.startswith(module + "."):
                     continue  # the package re-exporting its own modules
-                edges.setdefault(target, node.lineno)
+                edges[target] = min(edges.get(target, node.lineno), node.lineno)  # ast.walk is not in line order
         graph[module] = edges
     return graph
 
