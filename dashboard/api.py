@@ -14,7 +14,10 @@ from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from dashboard.ingest.api import RECORD_SCHEMA_DEFINITIONS
+from dashboard.ingest.api import router as ingest_router
 from dashboard.ingest.common import BUSY_RETRY_AFTER, IngestError, error_response
+from dashboard.observatory.api import router as read_router
 from dashboard.observatory.services import ArtifactConflict, ArtifactHashMismatch, ArtifactTooLarge
 from pipeline import ArtifactNotFound, InvalidArtifactId, PipelineError
 
@@ -94,12 +97,8 @@ def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     return _error(exc.status_code, str(exc)[:300])
 
 
-def _mount() -> None:
-    from dashboard.ingest.api import router as ingest_router
-    from dashboard.observatory.api import router as read_router
-
-    api.add_router("/v1/", ingest_router)
-    api.add_router("/v1/", read_router)
-
-
-_mount()
+# The records body refers to the pipeline's record models: publish them with the schemas
+# ninja generates.
+api.extra_schemas.update(RECORD_SCHEMA_DEFINITIONS)
+api.add_router("/v1/", ingest_router)
+api.add_router("/v1/", read_router)

@@ -188,7 +188,8 @@ from ._skill_activation import (
     SkillActivator,
     SkillMessage,
 )
-from ._skills import SkillInstructions, SkillLoader, SkillMetadata, SkillResource, validate_skill_name
+from ._skill_models import SkillInstructions, SkillMetadata, SkillResource, validate_skill_name
+from ._skills import SkillLoader
 
 __all__ += [
     "ContextModifier",

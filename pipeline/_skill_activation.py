@@ -6,6 +6,9 @@ allowed.
 Activations can nest (a skill using another); the chain refuses cycles
 (a → b → a, including a skill activating itself) and nesting deeper than the limit.
 A skill that cannot be loaded gives a failed result, never an exception.
+
+The activator takes any loader with the methods it calls (``SkillSource``), so this
+module needs nothing from ``_skills``, whose ``SkillLoader.load_skill`` activates.
 """
 
 from __future__ import annotations
@@ -15,22 +18,24 @@ import time
 import uuid
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Callable, Iterator, Literal, Optional
+from typing import Any, Callable, Iterator, Literal, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ._exceptions import CircularDependencyError, SkillError
 from ._records import SkillActivationRecord
-from ._skills import (
-    MAX_ERROR_CHARS,
+from ._skill_models import (
     SKILL_NAME_RE,
     LoadLevel,
-    SkillLoader,
+    SkillInstructions,
     SkillMetadata,
+    SkillResource,
     cycle_message,
     depth_message,
     validate_skill_name,
 )
+
+MAX_ERROR_CHARS = 2000  # a failed result's error is cut to this
 
 
 # --- activation request and chain ----------------------------------------------------
@@ -351,13 +356,27 @@ class SkillActivationResult(BaseModel):
 # --- activator -----------------------------------------------------------------------
 
 
+class SkillSource(Protocol):
+    """What the activator reads a skill through (``pipeline.SkillLoader`` is one)."""
+
+    def load_metadata(self, name: str) -> SkillMetadata: ...
+
+    def load_full(self, name: str) -> SkillInstructions: ...
+
+    def load_resource(self, name: str, relative_path: str) -> SkillResource: ...
+
+    def list_resources(self, name: str) -> list[str]: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+
 class SkillActivator:
     """Performs activations: loads the requested level, builds the messages and the
     context modifier, and times it. A skill that cannot be loaded (missing,
     malformed, a refused resource) gives a failed result, never an exception, so the
     agent can tell the model and carry on."""
 
-    def __init__(self, loader: SkillLoader, *, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, loader: SkillSource, *, clock: Callable[[], float] = time.perf_counter) -> None:
         self.loader = loader
         self._clock = clock
 

@@ -11,7 +11,8 @@ resolves outside its skill's folder is refused, and every read is size-capped.
 
 This module finds and loads skills (``SkillLoader``), including the ``uses``
 dependencies a skill declares; activating them, nested and without cycles, is
-``_skill_activation``.
+``_skill_activation``, which the loader's ``load_skill`` calls on. What both need (the
+name rule, the level models) is ``_skill_models``, below them.
 """
 
 from __future__ import annotations
@@ -21,19 +22,26 @@ import os
 import re
 import threading
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
 
 from ._exceptions import CircularDependencyError, SkillError
+from ._skill_activation import ContextModifier, SkillActivationRequest, SkillActivationResult, SkillActivator
+from ._skill_models import (
+    SKILL_NAME_RE,
+    SkillInstructions,
+    SkillMetadata,
+    SkillResource,
+    cycle_message,
+    depth_message,
+    validate_skill_name,
+)
 from ._tokens import DEFAULT_MODEL
 
 logger = logging.getLogger(__name__)
 
 SKILL_FILE = "SKILL.md"
-SKILL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
-SKILL_NAME_RE = re.compile(SKILL_NAME_PATTERN)
 RESOURCE_FOLDERS = ("scripts", "references", "assets")
 
 MAX_FRONTMATTER_BYTES = 64 * 1024  # level 1 reads no further than this
@@ -42,29 +50,12 @@ MAX_RESOURCE_BYTES = 1024 * 1024  # one resource file (level 3)
 MAX_RESOURCE_PATH_CHARS = 512
 MAX_LISTED_RESOURCES = 1000
 MAX_DESCRIPTION_CHARS = 1024
-MAX_ERROR_CHARS = 2000
-
-LoadLevel = Literal[1, 2, 3]
 
 
 class TokenCounter(Protocol):
     """What the loader needs from a token counter (pipeline.DynamicTokenCounter fits)."""
 
     def count_tokens(self, text: str, model: str) -> int: ...
-
-
-def validate_skill_name(name: Any) -> str:
-    """Return ``name`` if it is a well-formed skill name, else raise SkillError.
-
-    Names become folder names, so the pattern leaves no room for paths or traversal.
-    """
-    if not isinstance(name, str) or not SKILL_NAME_RE.match(name):
-        shown = repr(name)[:80]
-        raise SkillError(
-            f"invalid skill name {shown}: expected lowercase letters, digits, '-' or '_' "
-            "(1-64 characters, starting with a letter or digit)"
-        )
-    return name
 
 
 def _validate_resource_path(relative_path: Any) -> PurePosixPath:
@@ -227,53 +218,6 @@ def _parse_frontmatter(yaml_text: str, folder_name: str) -> dict[str, Any]:
         "version": str(version)[:64],
         "uses": tuple(uses),
     }
-
-
-# --- what the loader returns ---------------------------------------------------------
-
-
-class SkillMetadata(BaseModel):
-    """Level 1: a skill's frontmatter, all the model needs to decide to use it.
-
-    ``tokens`` is the cost of ``summary`` (the line the model sees in its skill list).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    description: str
-    allowed_tools: Optional[tuple[str, ...]] = None  # None: no restriction
-    model: Optional[str] = None
-    disable_model_invocation: bool = False
-    version: str = "1.0.0"
-    uses: tuple[str, ...] = ()  # skills this one activates
-    tokens: int = Field(default=0, ge=0)
-
-    @property
-    def summary(self) -> str:
-        return f"{self.name}: {self.description}"
-
-
-class SkillInstructions(BaseModel):
-    """Level 2: the SKILL.md body (the frontmatter excluded) and its token cost."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    metadata: SkillMetadata
-    body: str
-    tokens: int = Field(ge=0)
-
-
-class SkillResource(BaseModel):
-    """Level 3: one file under scripts/, references/ or assets/, read on demand."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    skill_name: str
-    path: str  # relative to the skill folder, '/'-separated
-    content: str
-    size_bytes: int = Field(ge=0)
-    tokens: int = Field(ge=0)
 
 
 # --- loader --------------------------------------------------------------------------
@@ -446,12 +390,10 @@ class SkillLoader:
 
     # the design's names (v2.0 "Progressive Disclosure Implementation")
 
-    def load_skill(self, skill_name: str, level: int = 2) -> Any:
+    def load_skill(self, skill_name: str, level: int = 2) -> SkillActivationResult:
         """The skill at disclosure ``level`` (1 metadata, 2 full instructions,
         3 with the list of its resources) as a ``SkillActivationResult``; a skill
         that cannot be loaded gives a failed result, never an exception."""
-        from ._skill_activation import SkillActivationRequest, SkillActivator
-
         return SkillActivator(self).activate(SkillActivationRequest(skill_name=skill_name, load_level=level))
 
     def _get_skill_path(self, skill_name: str) -> Path:
@@ -475,9 +417,7 @@ class SkillLoader:
             if path.startswith(("scripts/", "references/"))
         }
 
-    def _get_context_modifier(self, skill_name: str) -> Any:
-        from ._skill_activation import ContextModifier
-
+    def _get_context_modifier(self, skill_name: str) -> ContextModifier:
         return ContextModifier.from_metadata(self.load_metadata(skill_name))
 
     # dependencies
@@ -516,11 +456,3 @@ def _read_capped(path: Path, limit: int, what: str) -> bytes:
     if len(data) > limit:
         raise SkillError(f"{what} is larger than {limit} bytes")
     return data
-
-
-def cycle_message(path: list[str]) -> str:
-    return f"Circular dependency detected: {' → '.join(path)}"
-
-
-def depth_message(max_depth: int, path: list[str]) -> str:
-    return f"Maximum skill activation depth ({max_depth}) exceeded: {' → '.join(path)}"

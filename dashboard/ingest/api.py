@@ -98,13 +98,7 @@ def _records_body_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     return body, definitions
 
 
-_BODY_SCHEMA, _DEFINITIONS = _records_body_schema()
-
-
-def _publish_definitions() -> None:
-    from dashboard.api import api
-
-    api.extra_schemas.update(_DEFINITIONS)
+_BODY_SCHEMA, RECORD_SCHEMA_DEFINITIONS = _records_body_schema()
 
 
 @router.post(
@@ -270,6 +264,3 @@ def _etag_matches(header: str, etag: str) -> bool:
         return True
     tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
     return etag in tags
-
-
-_publish_definitions()

@@ -151,6 +151,7 @@ CONTEXT_MODULES = {
     "pipeline._llm_compressor",
     "pipeline._injection",
     "pipeline._skill_activation",
+    "pipeline._skill_models",
     "pipeline._skills",
     "pipeline._summarizers",
     "pipeline._tokens",
@@ -177,7 +178,7 @@ CONTEXT_API = {
     "LockManager",
     "MessageInjectionProtocol",
     "get_lock_manager",
-    # _skill_activation, _skills
+    # _skill_activation, _skill_models, _skills
     "ContextModifier",
     "SkillActivationRequest",
     "SkillActivationResult",
