@@ -40,7 +40,7 @@ from datetime import datetime, timedelta
 from typing import Iterable, Iterator
 
 from django.conf import settings
-from django.db import OperationalError, connections, router, transaction
+from django.db import connections, router, transaction
 from django.db.models import F, Min, Q
 from django.utils import timezone
 
