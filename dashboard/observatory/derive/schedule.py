@@ -48,7 +48,7 @@ def rollup_recent_hours(hours_back: int = 3, slice_minutes_back: int = 70) -> in
 
 
 def links_sweep(project_id: int, *, step: Callable[[], ContextManager[Any]] | None = None) -> dict[str, Any]:
-    """The link pass over the unlinked rows of the last hour (links.SWEEP_LOOKBACK),
+    """The link pass over the unlinked rows of the last hours (links.SWEEP_LOOKBACK),
     then the passes after it for the conversations that gained spans (their whole
     span history: the spans may have been received long before). Each step inside
     ``step()`` (default: the drain lock)."""

@@ -68,10 +68,10 @@ def test_it_counts_only_the_new_records_of_a_partly_retried_batch(client, auth, 
     (on PostgreSQL: a COPY, then the conflict-skipping staging insert)."""
     from django.db import connection
 
-    from dashboard.observatory import rows, services
+    from dashboard.observatory import rows
 
     staged, real_staging = [], rows._copy_via_staging
-    monkeypatch.setattr(services, "_copy_via_staging", lambda *args: staged.append(args[1]) or real_staging(*args))
+    monkeypatch.setattr(rows, "_copy_via_staging", lambda *args: staged.append(args[1]) or real_staging(*args))
     stored = [records.message(index=i) for i in range(2)] + [records.tool_result()]
     assert post(client, {"records": stored}, auth).json()["accepted"] == 3
     fresh = [records.message(index=5), records.tool_result(), records.round()]

@@ -1,6 +1,6 @@
 """The links pass (derive/passes/links.py): whichever side of a tool call arrives second
-makes the link, so the hourly sweep needs no walk of tool executions and looks back one
-hour, not days."""
+makes the link, so the hourly sweep needs no walk of tool executions and looks back three
+hours, not days."""
 
 from __future__ import annotations
 

@@ -35,11 +35,11 @@ from ..batch import Batch, Pass, received_window
 
 
 LINK_WINDOW = timedelta(days=2)  # how far back a batch's pass without a time looks for its rows
-# How far back the hourly sweep looks for unlinked spans, artifacts and log records:
-# the hour since its last run and a margin. What arrives is linked by its batch's pass;
-# the sweep only catches what a race left, so its cost follows the last hour's arrivals,
-# never the days of history.
-SWEEP_LOOKBACK = timedelta(minutes=75)
+# How far back the hourly sweep looks for unlinked spans, artifacts and log records: the
+# hours whose tool rollups it recomputes too (derive.schedule). What arrives is linked by
+# its batch's pass; the sweep only catches what a race left, so its cost follows the last
+# hours' arrivals, never the days of history.
+SWEEP_LOOKBACK = timedelta(hours=3)
 BEAT_SPAN_LIMIT = 5_000  # unlinked spans one beat pass loads, the newest first (bounds its memory too)
 LINK_CHUNK = 2_000  # tool executions one step of the link pass reads at once
 
