@@ -162,12 +162,11 @@ def _executions_awaiting(project_id: int, conversation_ids: list[int], received:
     in ``received``), or any span of ``traces`` (linked late), names by its tool call id.
     Index lookups: span_derivable_received and span_unique for the spans,
     toolexec_project_tool_call for the executions."""
-    with_call = Span.objects.exclude(tool_call_id="")
-    queries = [with_call.filter(conversation_id__in=conversation_ids, operation=EXECUTE_TOOL, **(received or {}))
+    queries = [Span.objects.filter(conversation_id__in=conversation_ids, operation=EXECUTE_TOOL, **(received or {}))
                .exclude(operation="")] if conversation_ids else []
-    if traces:
-        queries.append(with_call.filter(project_id=project_id, trace_id__in=sorted(traces)))
-    calls = sorted({call for query in queries for call in query.values_list("tool_call_id", flat=True)})
+    if traces:  # span_unique; a planner given tool_call_id <> '' too took the project's spans with a call id
+        queries.append(Span.objects.filter(project_id=project_id, trace_id__in=sorted(traces)))
+    calls = sorted({call for query in queries for call in query.values_list("tool_call_id", flat=True) if call})
     rows: list[tuple] = []
     for start in range(0, len(calls), LINK_CHUNK):
         rows += ToolExecution.objects.filter(
