@@ -2,22 +2,32 @@
 
 Every exception that can leave a view is mapped to a response here, in one place,
 so a client's junk is always a short JSON ``{"error": ...}`` with the right 4xx,
-and a busy database a 503 with Retry-After, never a 500.
+a busy database a 503 with Retry-After, and a broken one a 500 that names nothing
+internal (``dashboard.ingest.common.database_refusal``: logged and counted).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db import OperationalError
+from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from dashboard.accounts.models import Project
 from dashboard.ingest.api import RECORD_SCHEMA_DEFINITIONS
 from dashboard.ingest.api import router as ingest_router
-from dashboard.ingest.common import BUSY_RETRY_AFTER, IngestError, error_response
+from dashboard.ingest.common import (
+    Batch,
+    DatabaseBroken,
+    IngestError,
+    database_broken_report,
+    database_refusal,
+    error_response,
+)
 from dashboard.observatory.api import router as read_router
+from dashboard.observatory.models import IngestTransport
 from dashboard.observatory.services import ArtifactConflict, ArtifactHashMismatch, ArtifactTooLarge
 from pipeline import ArtifactNotFound, InvalidArtifactId, PipelineError
 
@@ -49,6 +59,8 @@ def _error(status: int, message: str, retry_after: int | None = None) -> HttpRes
 
 @api.exception_handler(IngestError)
 def _on_ingest_error(request: HttpRequest, exc: IngestError) -> HttpResponse:
+    if isinstance(exc, DatabaseBroken):  # reported here if from outside an ingest gate (the key's read)
+        database_broken_report(exc, _batch(request))
     return error_response(exc)
 
 
@@ -87,9 +99,23 @@ def _on_pipeline_error(request: HttpRequest, exc: PipelineError) -> HttpResponse
     return _error(400, str(exc)[:300])
 
 
-@api.exception_handler(OperationalError)
-def _on_database_busy(request: HttpRequest, exc: OperationalError) -> HttpResponse:
-    return _error(503, "database busy, retry later", retry_after=BUSY_RETRY_AFTER)
+@api.exception_handler(DatabaseError)
+def _on_database_error(request: HttpRequest, exc: DatabaseError) -> HttpResponse:
+    """A database error outside an ingest gate (which answers its own): 503 when the
+    database is busy, else 500, logged and counted."""
+    return error_response(database_refusal(exc, _batch(request)))
+
+
+# The ingest endpoints by view name (the others count as IngestTransport.API).
+_TRANSPORTS = {"post_records": IngestTransport.RECORDS, "put_artifact": IngestTransport.ARTIFACTS}
+
+
+def _batch(request: HttpRequest) -> Batch:
+    """What is known of a request's batch outside its view: the endpoint and the key's project."""
+    match = request.resolver_match
+    project = getattr(request, "auth", None)
+    return Batch(_TRANSPORTS.get(match.url_name if match else "", IngestTransport.API),
+                 project_id=project.pk if isinstance(project, Project) else None)
 
 
 @api.exception_handler(HttpError)

@@ -25,12 +25,14 @@ from pydantic import TypeAdapter
 from dashboard import converters  # noqa: F401  (registers artifact_id)
 from dashboard.accounts.models import Project
 from dashboard.observatory.derive.notes import derivations_enqueue
+from dashboard.observatory.models import IngestTransport
 from dashboard.observatory.services import StoreOutcome, artifact_store, records_store
 from dashboard.priority import yield_to_pages
 from dashboard.tuning.services import config_body_and_etag, effective_config
 from pipeline import IngestResponse, Record, RecordSchemaError, parse_record
 
 from .common import (
+    Batch,
     GunzipReader,
     IngestError,
     authenticate,
@@ -104,7 +106,7 @@ _BODY_SCHEMA, RECORD_SCHEMA_DEFINITIONS = _records_body_schema()
 @router.post(
     "/records",
     response={200: IngestResponse, 400: ErrorOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut,
-              429: ErrorOut, 503: ErrorOut},
+              429: ErrorOut, 500: ErrorOut, 503: ErrorOut},
     summary="Send a batch of records",
     openapi_extra={
         "requestBody": {
@@ -119,14 +121,17 @@ def post_records(request: HttpRequest) -> dict[str, Any]:
     project = request.auth  # type: ignore[attr-defined]
     if (request.content_type or "").lower() != "application/json":
         raise IngestError(415, "send the records as application/json")
-    with ingest_gate():
+    batch = Batch(IngestTransport.RECORDS, project_id=project.pk, item_name="records")
+    with ingest_gate(batch):
         derivations_keep_up()
         body = read_body(
             request,
             max_bytes=settings.OBSERVATORY_MAX_BODY_BYTES,
             max_decoded_bytes=settings.OBSERVATORY_MAX_DECODED_BYTES,
         )
+        batch.nbytes = len(body)
         items = _record_items(load_json(body, max_depth=RECORDS_JSON_DEPTH))
+        batch.items = len(items)
         memory_reserve(json_decode_cost(body), "the records")  # the validated models
         valid, rejected = records_validate(items)
         received_from = timezone.now()  # before the rows are stamped received
@@ -192,7 +197,7 @@ def _record_items(data: Any) -> list[Any]:
 @router.put(
     "/artifacts/{artifact_id:artifact_id}",
     response={200: ArtifactOut, 201: ArtifactOut, 400: ErrorOut, 401: ErrorOut, 409: ErrorOut,
-              411: ErrorOut, 413: ErrorOut, 415: ErrorOut, 429: ErrorOut, 503: ErrorOut},
+              411: ErrorOut, 413: ErrorOut, 415: ErrorOut, 429: ErrorOut, 500: ErrorOut, 503: ErrorOut},
     summary="Upload an artifact's bytes",
     openapi_extra={
         "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
@@ -225,7 +230,8 @@ def put_artifact(request: HttpRequest, artifact_id: str) -> Status:
         raise IngestError(400, "invalid Content-Type")
     # The hash and the size limit apply to the artifact itself, after any gzip.
     stream = GunzipReader(request) if encoding in ("gzip", "x-gzip") else request
-    with ingest_gate():
+    with ingest_gate(Batch(IngestTransport.ARTIFACTS, project_id=project.pk, items=1, item_name="artifact",
+                           nbytes=length)):
         outcome = artifact_store(
             project=project, artifact_id=artifact_id, stream=stream, sha256=sha256,
             content_type=content_type, max_bytes=max_bytes,

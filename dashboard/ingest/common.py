@@ -4,7 +4,9 @@ short.
 
 Every refusal is an IngestError carrying its HTTP status; views turn it into a
 response with ``error_response`` (or let the ninja exception handler do it), so a
-client's junk always gets a short 4xx and never a 500.
+client's junk always gets a short 4xx and never a 500. A database error is a 503
+when the database is busy (``database_busy``: send again later) and a 500 that
+names nothing internal when it is broken (``database_refusal``), logged and counted.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import functools
 import heapq
 import hmac
 import json
+import logging
 import re
 import socket
 import threading
@@ -25,15 +28,19 @@ from datetime import timezone as dt_timezone
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
+from django.db.models import F
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
 from dashboard.accounts.keys import hash_key, key_prefix
 from dashboard.accounts.models import ApiKey, Project
+from dashboard.observatory.busy import database_busy
+from dashboard.observatory.models import IngestDatabaseFault, IngestTransport
 from dashboard.priority import pages_in_progress
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 DEFAULT_JSON_DEPTH = 32
@@ -181,7 +188,7 @@ def key_check_outcome(check: KeyCheck, row: tuple[Any, ...] | None, known: _Know
             # held through the insert, where another process's write may wait for it.
             transaction.on_commit(lambda: _touch(check.key_id, now), robust=True)
         else:
-            with database_errors_as_busy():
+            with database_errors_refused():
                 _touch(check.key_id, now)
     return None
 
@@ -197,7 +204,7 @@ def _key_row(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
             cursor.execute(sql, params)
             return cursor.fetchone()
 
-    with database_errors_as_busy():
+    with database_errors_refused():
         return reconnecting(read)
 
 
@@ -612,14 +619,15 @@ _request_memory = threading.local()  # .held: bytes this thread's request reserv
 
 
 @contextmanager
-def ingest_gate() -> Iterator[None]:
+def ingest_gate(batch: Batch | None = None) -> Iterator[None]:
     """Bound concurrent ingest requests in this process; past the bound (after a
     wait of at most GATE_WAIT for a place) answer 429 with Retry-After so
     exporters back off instead of piling onto the database.
     Inside, ``memory_reserve`` counts what the request decodes against the
-    process's ingest memory budget, released when the request ends. Database
-    lock/operational errors inside become 503 with Retry-After (see
-    ``database_errors_as_busy``)."""
+    process's ingest memory budget, released when the request ends. A database
+    error inside is a 503 with Retry-After when the database is busy, a 500 when
+    it is broken, logged and counted with ``batch`` (what the request filled in
+    of it by then; see ``database_errors_refused``)."""
     global _gate_in_use, _gate_waiting
     limit = settings.OBSERVATORY_MAX_CONCURRENT_INGEST
     with _gate_free:
@@ -644,11 +652,12 @@ def ingest_gate() -> Iterator[None]:
     # No CONN_HEALTH_CHECKS query (a round trip on PostgreSQL) before the first
     # statement: the first statement in here is the key's read, which reconnects
     # once by itself when the connection was dropped (``_key_row``); a later
-    # database error is a 503 with Retry-After, and Django closes the connection
-    # at the end of the request (close_old_connections, also around every gRPC export).
+    # database error is a 503 with Retry-After (or a 500: ``database_refusal``), and
+    # Django closes the connection at the end of the request (close_old_connections,
+    # also around every gRPC export).
     connection.health_check_done = True
     try:
-        with database_errors_as_busy():
+        with database_errors_refused(batch or Batch(IngestTransport.API)):
             yield
     finally:
         _memory_release()
@@ -745,20 +754,108 @@ def json_decode_cost(body: bytes) -> int:
     return 2 * len(body) + _JSON_BYTES_PER_VALUE * values
 
 
-@contextmanager
-def database_errors_as_busy() -> Iterator[None]:
-    """Turn an OperationalError (SQLite "database is locked", a Postgres deadlock,
-    serialization failure or lost connection) into IngestError 503 + Retry-After:
-    the write was rolled back, so the client may simply send the batch again.
+@dataclass(slots=True)
+class Batch:
+    """What a batch that a broken database failed is logged and counted with: its
+    transport, and what the request has learnt of it by then (filled in as it goes)."""
 
-    Wrap the transaction with it: ``with database_errors_as_busy(), transaction.atomic(): ...``
+    transport: str
+    project_id: int | None = None  # None until the key was read
+    items: int | None = None  # spans, log records or records; None until decoded
+    item_name: str = "items"
+    nbytes: int | None = None  # the body, decoded; None until read
+    signal: str = ""  # traces or logs, for OTLP
+
+
+class DatabaseBroken(IngestError):
+    """A 500 for a batch the database failed for a reason of its own (a missing
+    table, a constraint, a bad value): sending it again would fail the same way.
+    The answer names nothing internal; ``cause`` (the driver's error) goes to the
+    log, once (``database_broken_report``)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(500, "internal error: the batch was not stored")
+        self.cause = cause
+        self.reported = False
+
+
+@contextmanager
+def database_errors_refused(batch: Batch | None = None) -> Iterator[None]:
+    """Turn a database error into its refusal (``database_refusal``): the write was
+    rolled back, nothing of the batch is stored. With ``batch``, a broken database
+    is logged and counted with it (also a ``DatabaseBroken`` raised by an inner use
+    of this without one): the outermost use, where the request is known, reports.
+
+    Wrap the transaction with it: ``with database_errors_refused(batch), transaction.atomic(): ...``
     """
     try:
         yield
-    except OperationalError:
-        raise busy_error() from None
+    except DatabaseError as exc:
+        raise database_refusal(exc, batch) from None
+    except DatabaseBroken as exc:
+        if batch is not None:
+            database_broken_report(exc, batch)
+        raise
+
+
+def database_refusal(exc: BaseException, batch: Batch | None = None) -> IngestError:
+    """The refusal of a batch whose transaction failed on the database (rolled back):
+    a busy database (``database_busy``, the rule the outbox retries by: a lock, a
+    deadlock, a lost connection) is a 503 with Retry-After, the sender tries again;
+    any other database error is a 500 (``DatabaseBroken``), reported with ``batch``
+    when given. Senders retry a 503 until it passes, so one for an error that
+    never passes would have them send the batch forever."""
+    if database_busy(exc):
+        return busy_error()
+    broken = DatabaseBroken(exc)
+    if batch is not None:
+        database_broken_report(broken, batch)
+    return broken
 
 
 def busy_error() -> IngestError:
-    """The refusal of a batch whose transaction failed on the database (rolled back)."""
+    """The refusal of a batch whose transaction failed on a busy database (rolled back)."""
     return IngestError(503, "database busy, retry later", retry_after=BUSY_RETRY_AFTER)
+
+
+def database_broken_report(error: DatabaseBroken, batch: Batch) -> None:
+    """Log a batch a broken database failed, once, at ERROR, with its size and
+    project, and count it for the admin (``IngestDatabaseFault``)."""
+    if error.reported:
+        return
+    error.reported = True
+    cause = error.cause
+    size = "size unknown" if batch.items is None else f"{batch.items} {batch.item_name}"
+    if batch.nbytes is not None:
+        size += f", {batch.nbytes} bytes"
+    what = f"{batch.transport} {batch.signal}".strip()
+    project = "unknown" if batch.project_id is None else batch.project_id
+    logger.error("ingest %s: database error, batch of project %s not stored (%s); answered 500",
+                 what, project, size, exc_info=(type(cause), cause, cause.__traceback__))
+    _fault_count(batch, cause)
+
+
+def _fault_count(batch: Batch, cause: BaseException) -> None:
+    """One more broken-database answer for the batch's project, transport and day,
+    in a transaction of its own (the batch's was rolled back). Never raises: the
+    database that just failed may fail this too (it is logged then)."""
+    now = timezone.now()
+    rows = IngestDatabaseFault.objects.filter(day=now.date(), transport=batch.transport)
+    rows = rows.filter(project__isnull=True) if batch.project_id is None else rows.filter(project_id=batch.project_id)
+    driver = cause.__cause__ or cause
+    error_type = f"{type(driver).__module__}.{type(driver).__qualname__}"[:200]
+
+    def count() -> None:
+        with transaction.atomic():
+            if not rows.update(count=F("count") + 1, last_at=now, last_error=error_type):
+                IngestDatabaseFault.objects.create(project_id=batch.project_id, day=now.date(),
+                                                   transport=batch.transport, count=1, last_at=now,
+                                                   last_error=error_type)
+
+    try:
+        try:
+            count()
+        except IntegrityError:  # another process counted the day's first at the same time
+            count()
+    except DatabaseError:
+        logger.warning("ingest %s: could not count a broken-database answer", batch.transport, exc_info=True)

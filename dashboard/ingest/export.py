@@ -15,16 +15,19 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from django.db import OperationalError
+from django.db import DatabaseError
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from dashboard.observatory.models import IngestTransport
+
 from .common import (
+    Batch,
     IngestError,
     KeyCheck,
     authenticate_deferred,
-    busy_error,
+    database_refusal,
     derivations_keep_up,
     ingest_gate,
     key_check_run,
@@ -77,15 +80,18 @@ class ExportOutcome:
         return self.response_json() if content_type == JSON else self.response_protobuf()
 
 
-def otlp_export(*, signal: str, authorization: str, read_body: Callable[[], bytes], content_type: str) -> ExportOutcome:
+def otlp_export(*, signal: str, authorization: str, read_body: Callable[[], bytes], content_type: str,
+                transport: str = IngestTransport.OTLP_HTTP) -> ExportOutcome:
     """Authenticate, read, decode and store one export request of ``signal``.
 
     Raises IngestError (with its HTTP status) for every refusal; nothing is stored
     then. ``read_body`` runs inside the gate, after the key is checked, and returns
-    the decoded (inflated, bounded) body.
+    the decoded (inflated, bounded) body. ``transport`` (IngestTransport) is what a
+    batch a broken database failed is counted by.
     """
-    with ingest_gate():
-        prepared = _prepare(ExportRequest(signal, authorization, read_body, content_type))
+    batch = Batch(transport, signal=signal)
+    with ingest_gate(batch):
+        prepared = _prepare(ExportRequest(signal, authorization, read_body, content_type), batch)
         return prepared.outcome(pending_store(prepared.pending))
 
 
@@ -105,7 +111,10 @@ def otlp_export_all(requests: Sequence[ExportRequest]) -> list[ExportOutcome | B
     its own (a refusal is its outcome, an IngestError), then the writes of all run
     in group transactions (``pending_store_all``). Returns each request's outcome
     once they committed: an ExportOutcome, an IngestError (a database error is the
-    503 ``database_errors_as_busy`` makes of it), or the exception a write raised."""
+    503 or 500 ``database_refusal`` makes of it, the 500 reported with its request's
+    batch), or the exception a write raised. A write that fails alone fails its own
+    request only: the group commit runs the others again without it."""
+    transport = IngestTransport.OTLP_RECEIVER
     prepared: list[_Prepared | BaseException] = []
     # A key is authenticated once for the requests that came together (for spans, a key
     # seen before is then checked by the group's span write, in its transaction; for
@@ -119,13 +128,14 @@ def otlp_export_all(requests: Sequence[ExportRequest]) -> list[ExportOutcome | B
         return found
 
     for request in requests:
+        batch = Batch(transport, signal=request.signal)
         try:
-            with ingest_gate():
-                prepared.append(_prepare(request, authenticate))
+            with ingest_gate(batch):
+                prepared.append(_prepare(request, batch, authenticate))
         except IngestError as exc:
             prepared.append(exc)
     ready = [item for item in prepared if isinstance(item, _Prepared)]
-    with ingest_gate():
+    with ingest_gate(Batch(transport)):
         stored = iter(pending_store_all([item.pending for item in ready]))
     outcomes: list[ExportOutcome | BaseException] = []
     for item in prepared:
@@ -136,7 +146,7 @@ def otlp_export_all(requests: Sequence[ExportRequest]) -> list[ExportOutcome | B
         if error is None:
             outcomes.append(item.outcome(result))
         else:
-            outcomes.append(busy_error() if isinstance(error, OperationalError) else error)
+            outcomes.append(database_refusal(error, item.batch) if isinstance(error, DatabaseError) else error)
     return outcomes
 
 
@@ -149,6 +159,7 @@ class _Prepared:
     rejected: int
     error_message: str
     pending: Pending[Any]
+    batch: Batch
 
     def outcome(self, stored: Any) -> ExportOutcome:
         return ExportOutcome(self.signal, self.accepted, stored.inserted, self.rejected, self.error_message)
@@ -164,19 +175,25 @@ def _authenticate(header: str, signal: str) -> tuple[Any, int, KeyCheck | None]:
     return project, key_id, check
 
 
-def _prepare(request: ExportRequest, authenticate: Callable[[str, str], Any] = _authenticate) -> _Prepared:
-    """Inside the gate: authenticate, read, decode, and prepare the write."""
+def _prepare(request: ExportRequest, batch: Batch,
+             authenticate: Callable[[str, str], Any] = _authenticate) -> _Prepared:
+    """Inside the gate: authenticate, read, decode, and prepare the write; what is
+    learnt of the batch is written into ``batch`` as it goes."""
     project, _, check = authenticate(request.authorization, request.signal)
+    batch.project_id = project.pk
     derivations_keep_up()
     body = request.read_body()
+    batch.nbytes = len(body)
     if request.signal == TRACES:
-        batch = _decoded(decode_request, body, request.content_type, OtlpTooManySpans)
-        return _Prepared(TRACES, len(batch.spans), batch.rejected, batch.error_message,
-                         spans_prepare(project=project, spans=batch.spans, key_check=check))
+        decoded = _decoded(decode_request, body, request.content_type, OtlpTooManySpans)
+        batch.items, batch.item_name = len(decoded.spans), "spans"
+        return _Prepared(TRACES, len(decoded.spans), decoded.rejected, decoded.error_message,
+                         spans_prepare(project=project, spans=decoded.spans, key_check=check), batch)
     if request.signal == LOGS:
-        batch = _decoded(decode_logs_request, body, request.content_type, OtlpTooManyLogs)
-        return _Prepared(LOGS, len(batch.logs), batch.rejected, batch.error_message,
-                         logs_prepare(project=project, logs=batch.logs))
+        decoded = _decoded(decode_logs_request, body, request.content_type, OtlpTooManyLogs)
+        batch.items, batch.item_name = len(decoded.logs), "log records"
+        return _Prepared(LOGS, len(decoded.logs), decoded.rejected, decoded.error_message,
+                         logs_prepare(project=project, logs=decoded.logs), batch)
     raise ValueError(f"unknown signal {request.signal!r}")
 
 

@@ -20,9 +20,12 @@ A write (``fn``) runs on the leader's thread and connection: it must use nothing
 of its request thread's state but what it closes over, may run twice, and must not
 commit on its own. When one raises, its group is rolled back and every write of it
 runs once more, each in its own transaction: a bad batch never fails the batches it
-was grouped with, and each request gets its own outcome. A database error of the
-whole group (the lock not had in time, a lost connection) fails every write of the
-group alike (503: send again), as it would have one transaction.
+was grouped with, and each request gets its own outcome. So does a commit that
+fails for a reason of a write's (a deferred foreign key, which PostgreSQL and SQLite
+check at the commit: not the database being busy, ``database_busy``): the write at
+fault fails alone. A busy database failing the whole group (the lock not had in
+time, a lost connection) fails every write of the group alike (503: send again),
+as it would have one transaction.
 
 Inside a transaction already (a management command, a test's transaction), a write
 runs in it, alone, as before.
@@ -48,6 +51,7 @@ from typing import Any, Callable, Generic, Hashable, Iterable, Sequence, TypeVar
 
 from django.db import OperationalError, connection, transaction
 
+from dashboard.observatory.busy import database_busy
 from dashboard.priority import ingest_transaction
 
 T = TypeVar("T")
@@ -244,6 +248,7 @@ class GroupCommit:
         except Exception as exc:  # noqa: BLE001 - each write gets an outcome
             if not began:
                 self._take(group)
+            _close_if_left_in_transaction()
             if not ran and not reconnected and isinstance(exc, OperationalError) and _lost(kept):
                 # The database dropped this thread's connection (a restart, an idle
                 # timeout) and the group's transaction found out: once more on a new
@@ -252,23 +257,38 @@ class GroupCommit:
                 # (Django has opened a new one already, or opens it at the next statement.)
                 self._commit(group, reconnected=True)
                 return
-            if not began or ran or (len(group) == 1 and not isinstance(exc, Unmerged)):
-                # The transaction itself failed (no lock in time, a lost connection, the
+            if (not began or (ran and database_busy(exc))
+                    or (len(group) == 1 and not isinstance(exc, Unmerged))):
+                # The transaction itself failed (no lock in time, a lost connection, a busy
                 # commit), or the one write did: the same outcome as a transaction of its own.
                 _finish(group, error=exc)
                 return
-            for write in group:  # one write failed (or Unmerged): run each alone, each its own outcome
+            # One write failed, or the commit did on what one wrote (a deferred constraint),
+            # or Unmerged: run each alone, each its own outcome.
+            for write in group:
                 self.groups += 1
                 try:
                     with ingest_transaction():
                         result = write.fn()
                 except Exception as alone:  # noqa: BLE001
+                    _close_if_left_in_transaction()
                     write.finish(error=alone)
                 else:
                     write.finish(result=result)
             return
         for write, result in zip(group, results):
             write.finish(result=result)
+
+
+def _close_if_left_in_transaction() -> None:
+    """Close this thread's connection if a failed commit left it inside its transaction:
+    SQLite keeps a transaction (and the database's write lock) open when its COMMIT
+    fails on a deferred foreign key, and Django, which runs that COMMIT when it turns
+    autocommit back on, then takes the connection for one whose transaction someone
+    else manages: the next writes would run in it and never commit. Closed, it rolls
+    back; the next statement opens a new one."""
+    if connection.connection is not None and not connection.get_autocommit():
+        connection.close()
 
 
 def _lost(kept: Any) -> bool:

@@ -12,7 +12,8 @@ authenticate, bound, decode and store alike. This module only maps the outcome:
   (HTTP 429 / 503) the status is RESOURCE_EXHAUSTED / UNAVAILABLE with a
   ``google.rpc.RetryInfo`` in ``grpc-status-details-bin``, which OTLP exporters
   read as "retry after this delay"; a batch too large (413) is RESOURCE_EXHAUSTED
-  without RetryInfo, so it is not retried.
+  without RetryInfo, so it is not retried; a batch a broken database failed (500,
+  not a busy one: ``database_refusal``) is INTERNAL, which OTLP exporters do not retry.
 
 Bounded: a thread pool of OBSERVATORY_GRPC_THREADS runs the handlers, at most
 OBSERVATORY_GRPC_MAX_CONCURRENT_RPCS are accepted at once (gRPC answers
@@ -34,6 +35,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from dashboard.observatory.models import IngestTransport
 
 from .common import IngestError, memory_reserve
 from .export import LOGS, TRACES, otlp_export
@@ -79,7 +82,8 @@ def _export(signal: str, request: bytes, context: grpc.ServicerContext) -> bytes
     close_old_connections()  # what Django does around every HTTP request
     try:
         outcome = otlp_export(
-            signal=signal, authorization=_bearer(context), read_body=lambda: _body(request), content_type=PROTOBUF
+            signal=signal, authorization=_bearer(context), read_body=lambda: _body(request), content_type=PROTOBUF,
+            transport=IngestTransport.OTLP_GRPC,
         )
         return outcome.response_protobuf()
     except IngestError as exc:

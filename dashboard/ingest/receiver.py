@@ -25,8 +25,9 @@ sender, or senders answered longer ago (not sending in a loop), wait for nobody.
 
 The answers are those of the dashboard's views (``otlp_views``):
 an Export*ServiceResponse (``partial_success`` when items were rejected) or a
-``google.rpc.Status`` in the request's encoding, with Retry-After on 429/503;
-404/405/415 in plain text. Bounded like a web process: the request line
+``google.rpc.Status`` in the request's encoding, with Retry-After on 429/503
+(a 503 for a busy database, a 500 naming nothing internal for a broken one: each
+request of a group its own, see ``otlp_export_all``); 404/405/415 in plain text. Bounded like a web process: the request line
 (8190 bytes), at most 100 header fields of 64 KiB in all, the body
 (OBSERVATORY_MAX_BODY_BYTES, checked as it arrives, chunked or not; refused with
 413 and the connection closed), the time from a request's first byte to its last

@@ -122,8 +122,9 @@ def spans_store(*, project: Project, spans: Sequence[SpanRow]) -> StoredSpans:
     """Store one decoded batch for ``project`` in one (group) transaction.
 
     Returns after the commit, so an acknowledged span is never lost. The caller
-    wraps it in ``database_errors_as_busy`` to answer 503 when the database is
-    locked; nothing is half-stored then (the transaction rolls back).
+    wraps it in ``database_errors_refused`` to answer 503 when the database is
+    busy (500 when it is broken); nothing is half-stored then (the transaction
+    rolls back).
     """
     return pending_store(spans_prepare(project=project, spans=spans))
 

@@ -1,6 +1,8 @@
 """The derivation outbox in the admin: what waits, what failed and why, and a way
 to try parked notes again once the cause is fixed. Read-only otherwise: notes are
-written by ingest and removed by the drainer."""
+written by ingest and removed by the drainer. Beside it, the batches ingest refused
+because the database failed them for good (500: lost, the senders do not retry),
+counted per project, transport and day; their errors are in the server log."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from django.http import HttpRequest
 
 from dashboard.accounts.admin import ProjectScopedAdmin
 
-from .models import DerivationNote
 from .derive.notes import notes_retry
+from .models import DerivationNote, IngestDatabaseFault
 
 
 @admin.register(DerivationNote)
@@ -35,3 +37,17 @@ class DerivationNoteAdmin(ProjectScopedAdmin):
     def retry_now(self, request: HttpRequest, queryset: QuerySet) -> None:
         count = notes_retry(ids=queryset.values_list("id", flat=True))
         self.message_user(request, f"{count} note(s) will be derived again shortly.", messages.SUCCESS)
+
+
+@admin.register(IngestDatabaseFault)
+class IngestDatabaseFaultAdmin(ProjectScopedAdmin):
+    list_display = ("day", "project", "transport", "count", "last_at", "last_error")
+    list_filter = ProjectScopedAdmin.list_filter + ["transport", "day"]
+    ordering = ("-day", "-last_at")
+    readonly_fields = [field.name for field in IngestDatabaseFault._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: IngestDatabaseFault | None = None) -> bool:
+        return False

@@ -758,3 +758,41 @@ class DerivationNote(models.Model):
     def __str__(self) -> str:
         return (f"note {self.pk}: {len(self.conversation_ids)} conversations, {len(self.minutes)} minutes, "
                 f"{len(self.hours)} hours, {len(self.trace_ids)} traces")
+
+
+class IngestTransport(models.TextChoices):
+    """How a batch came in: what a broken-database answer is counted by."""
+
+    OTLP_HTTP = "otlp_http", "OTLP/HTTP (web port)"
+    OTLP_RECEIVER = "otlp_receiver", "OTLP/HTTP receiver (4318)"
+    OTLP_GRPC = "otlp_grpc", "OTLP/gRPC"
+    RECORDS = "records", "records API"
+    ARTIFACTS = "artifacts", "artifacts API"
+    API = "api", "other API"
+
+
+class IngestDatabaseFault(models.Model):
+    """Batches refused with a 500 (gRPC INTERNAL) because the database failed them
+    the same way it would every time (a missing table, a constraint, a bad value:
+    not a lock or a lost connection, which are 503 and retried), per project,
+    transport and UTC day. Senders do not retry a 500, so these batches are lost:
+    the admin shows the count, the server log each batch's error. Written by
+    ``dashboard.ingest.common`` after the batch's transaction rolled back, in a
+    transaction of its own. ``project`` is empty when the key could not be read."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    day = models.DateField()
+    transport = models.CharField(max_length=16, choices=IngestTransport.choices)
+    count = models.PositiveIntegerField(default=0)
+    last_at = models.DateTimeField(default=timezone.now)
+    last_error = models.CharField(max_length=200, blank=True)  # the driver error's type, never its text
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "day", "transport"], name="ingest_fault_unique"),
+            models.UniqueConstraint(fields=["day", "transport"], condition=Q(project__isnull=True),
+                                    name="ingest_fault_unique_no_project"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.count} broken-database answers ({self.transport}, {self.day})"

@@ -7,7 +7,10 @@ import os
 
 import pytest
 
-from dashboard.observatory.models import Artifact
+from dashboard.observatory.models import Artifact, IngestTransport
+from dashboard.tuning.models import RetentionPolicy
+
+from .database_faults import broken_reports, broken_table, busy_database, faults, names_nothing_internal
 
 pytestmark = pytest.mark.django_db
 ARTIFACT_ID = "artifact_" + "ab" * 8
@@ -145,3 +148,29 @@ def test_it_links_an_artifact_to_the_tool_execution_that_names_it(client, auth, 
     artifact = Artifact.objects.get()
     assert artifact.tool_execution == ToolExecution.objects.get()
     assert artifact.conversation.external_id == "conv-1"
+
+
+# --- a busy database and a broken one, for real ------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_503_with_retry_after_when_the_database_is_really_busy(client, auth, project, monkeypatch,
+                                                                             _test_settings):
+    with busy_database(monkeypatch, "observatory_artifact"):
+        response = put(client, auth)
+    assert (response.status_code, response["Retry-After"]) == (503, "2")
+    assert Artifact.objects.count() == 0 and files_in(_test_settings) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_500_naming_nothing_when_the_database_is_broken_and_keeps_no_file(
+        client, auth, project, caplog, _test_settings):
+    """The retention table gone, read after the bytes were written to storage: the
+    file is removed, nothing is kept, the answer names no table and no path."""
+    with broken_table(RetentionPolicy._meta.db_table):
+        response = put(client, auth)
+    assert response.status_code == 500 and "Retry-After" not in response
+    assert names_nothing_internal(response.content.decode()) and str(_test_settings) not in response.content.decode()
+    assert Artifact.objects.count() == 0 and files_in(_test_settings) == []
+    (report,) = broken_reports(caplog)
+    assert f"project {project.pk}" in report.getMessage() and f"{len(DATA)} bytes" in report.getMessage()
+    assert faults(IngestTransport.ARTIFACTS, project) == 1

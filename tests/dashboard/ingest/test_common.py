@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 import threading
 import time
 
+import psycopg.errors
 import pytest
 from django.db import OperationalError
 from hypothesis import given, settings as hypothesis_settings
@@ -16,7 +18,7 @@ from django.test import RequestFactory
 
 from dashboard.ingest.common import (
     IngestError,
-    database_errors_as_busy,
+    database_errors_refused,
     error_response,
     ingest_gate,
     load_json,
@@ -109,9 +111,17 @@ def test_it_turns_database_lock_errors_into_503(settings):
             raise OperationalError("database is locked")
     status, _ = refusal(locked)
     assert status == 503
-    with pytest.raises(IngestError) as caught, database_errors_as_busy():
-        raise OperationalError("deadlock detected")
-    assert caught.value.retry_after
+    with pytest.raises(IngestError) as caught, database_errors_refused():
+        raise OperationalError("deadlock detected") from psycopg.errors.DeadlockDetected("deadlock detected")
+    assert (caught.value.status, caught.value.retry_after) == (503, 2)
+
+
+def test_it_turns_other_database_errors_into_a_500_naming_nothing(settings):
+    """Not busy (``database_busy``): the same batch would fail the same way again."""
+    with pytest.raises(IngestError) as caught, database_errors_refused():
+        raise OperationalError("no such table: observatory_span") from sqlite3.OperationalError("no such table")
+    assert (caught.value.status, caught.value.retry_after) == (500, None)
+    assert "observatory" not in caught.value.message and "table" not in caught.value.message
 
 
 def test_it_frees_the_gate_after_errors(settings):

@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable
 
 import pytest
-from django.db import OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from dashboard.ingest import group_commit
 from dashboard.ingest.group_commit import GroupCommit, Together, Unmerged
@@ -222,6 +222,32 @@ def test_one_thread_runs_several_writes_as_one_group_each_with_its_outcome(proje
     assert committer.groups == 4  # all three rolled back; then each alone
     assert committer.run_all([(_conversation(project, name), 1, None) for name in ("c", "d")])[1][1] is None
     assert committer.groups == 5 and _names(project) == {"a", "b", "c", "d"}
+
+
+def test_a_commit_one_write_fails_for_good_fails_that_write_alone(project):
+    """A deferred foreign key (Django's, on SQLite and PostgreSQL) is checked at the
+    commit, after every write of the group ran: the database's error says nothing of
+    which write was at fault, and it is not the database being busy, so the group
+    runs again, each write alone; only the orphan's request fails (a 500), the
+    others are stored. (Given to every write, the error made a 500 of each.) SQLite
+    leaves its transaction open when such a commit fails: the connection is closed,
+    or the writes after it would run in that transaction and never commit."""
+    committer = GroupCommit()
+    missing_project = project.pk + 1000
+
+    def orphan() -> int:
+        return Conversation.objects.create(project_id=missing_project, external_id="orphan").pk
+
+    outcomes = committer.run_all([(_conversation(project, "a"), 1, None), (orphan, 1, None),
+                                  (_conversation(project, "b"), 1, None)])
+    assert [error is None for _, error in outcomes] == [True, False, True]
+    assert isinstance(outcomes[1][1], IntegrityError)
+    assert _names(project) == {"a", "b"} and not Conversation.objects.filter(external_id="orphan").exists()
+    assert committer.groups == 4  # all three at the commit; then each alone
+    assert committer.run_all([(_conversation(project, "c"), 1, None)])[0][1] is None
+    thread, seen = _in_thread(lambda: _names(project))  # another connection: committed rows only
+    thread.join(10)
+    assert seen["result"] == {"a", "b", "c"}
 
 
 def test_one_thread_s_writes_past_the_group_bound_take_several_groups_and_all_finish(project):

@@ -18,12 +18,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from dashboard.accounts.models import Project
 from dashboard.accounts.services import apikey_create, project_create
 from dashboard.ingest import common
 from dashboard.ingest.common import IngestError
 from dashboard.ingest.grpc_server import LOGS_SERVICE, TRACE_SERVICE, grpc_server_build, status_of
-from dashboard.observatory.models import LogRecord, Span
+from dashboard.observatory.models import IngestTransport, LogRecord, Span
 
+from .database_faults import broken_reports, broken_table, busy_database, faults, names_nothing_internal
 from .test_otlp_logs import make_logs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -230,3 +232,27 @@ def _retry_delay(error: grpc.RpcError) -> int | None:
                 if detail.Unpack(info):
                     return info.retry_delay.seconds
     return None
+
+
+# --- a busy database and a broken one, for real ------------------------------------
+
+def test_a_really_busy_database_is_unavailable_with_retry_info(server, key, monkeypatch, caplog):
+    with busy_database(monkeypatch, "observatory_span"):
+        error = refusal(server, TRACES, spans_request(2), key)
+    assert (error.code(), error.details()) == (grpc.StatusCode.UNAVAILABLE, "database busy, retry later")
+    assert _retry_delay(error) == 2
+    assert not Span.objects.exists() and not broken_reports(caplog)
+
+
+def test_a_broken_database_is_internal_without_retry_info_logged_and_counted_once(server, key, caplog):
+    """INTERNAL is not among OTLP's retryable codes: the exporter drops the batch
+    instead of sending it forever; the status names nothing of the database."""
+    with broken_table("observatory_span"):
+        error = refusal(server, TRACES, spans_request(4), key)
+    assert error.code() == grpc.StatusCode.INTERNAL and _retry_delay(error) is None
+    assert names_nothing_internal(error.details())
+    assert not Span.objects.exists()
+    project = Project.objects.get(name="gRPC agents")
+    (report,) = broken_reports(caplog)
+    assert f"project {project.pk}" in report.getMessage() and "4 spans" in report.getMessage()
+    assert faults(IngestTransport.OTLP_GRPC, project) == 1

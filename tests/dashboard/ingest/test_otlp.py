@@ -21,9 +21,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from dashboard.accounts.services import apikey_create, apikey_revoke, project_create
 from dashboard.ingest import common, spans as spans_module
 from dashboard.ingest.otlp import MAX_SPANS, MAX_VALUE_CHARS, TRUNCATION_MARKER
-from dashboard.observatory.models import Conversation, DerivationNote, Span, ToolExecution
-from dashboard.observatory.derive.notes import wake
 from dashboard.observatory.derive.drain import outbox_drain_all
+from dashboard.observatory.derive.notes import wake
+from dashboard.observatory.models import Conversation, DerivationNote, IngestTransport, Span, ToolExecution
+
+from .database_faults import broken_reports, broken_table, busy_database, faults, names_nothing_internal
 
 pytestmark = pytest.mark.django_db
 
@@ -660,3 +662,50 @@ def test_its_note_names_the_minutes_of_the_batchs_tool_spans(client, auth, proje
     assert note.minutes == [datetime.fromtimestamp(second, dt_timezone.utc).isoformat()
                             for second in (minute, minute + 60)]
     assert note.hours == []
+
+
+# --- a busy database and a broken one, for real ------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_503_with_retry_after_when_the_database_is_really_busy(client, auth, project, monkeypatch, caplog):
+    """Another connection holds the write lock past ingest's wait: send again later."""
+    request = make_request(2, attributes=genai(gen_ai__conversation__id="c-busy"))
+    with busy_database(monkeypatch, "observatory_span"):
+        response = post(client, request.SerializeToString(), auth)
+    assert (response.status_code, response["Retry-After"]) == (503, "2")
+    assert status_of(response).message == "database busy, retry later"
+    assert_nothing_stored()
+    assert not broken_reports(caplog) and faults(IngestTransport.OTLP_HTTP, project) == 0
+    assert post(client, request.SerializeToString(), auth).status_code == 200  # the retry is stored
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("content_type", [PROTOBUF, JSON])
+def test_it_answers_500_naming_nothing_when_the_database_is_broken_and_logs_and_counts_it_once(
+        client, auth, project, caplog, content_type):
+    """A deterministic database error (the span table gone): a 500 the exporter does not
+    retry, not a 503 it would retry forever; the conversation made before the failing
+    insert is rolled back with it."""
+    request = make_request(3, attributes=genai(gen_ai__conversation__id="c-broken"))
+    body = request.SerializeToString() if content_type == PROTOBUF else json_body(request)
+    with broken_table("observatory_span"):
+        response = post(client, body, auth, content_type=content_type)
+    assert response.status_code == 500 and "Retry-After" not in response
+    text = status_of(response).message if content_type == PROTOBUF else response.content.decode()
+    assert names_nothing_internal(text) and names_nothing_internal(response.content.decode("latin-1"))
+    assert_nothing_stored()
+    (report,) = broken_reports(caplog)
+    assert f"project {project.pk}" in report.getMessage() and "3 spans" in report.getMessage()
+    assert faults(IngestTransport.OTLP_HTTP, project) == 1
+
+
+def json_body(request: ExportTraceServiceRequest) -> bytes:
+    """The request in the OTLP JSON mapping (ids in hex, where protobuf's own is base64)."""
+    from google.protobuf.json_format import MessageToDict
+
+    data = MessageToDict(request)
+    for resource, resource_spans in zip(data["resourceSpans"], request.resource_spans):
+        for scope, scope_spans in zip(resource["scopeSpans"], resource_spans.scope_spans):
+            for span, proto in zip(scope["spans"], scope_spans.spans):
+                span["traceId"], span["spanId"] = proto.trace_id.hex(), proto.span_id.hex()
+    return json.dumps(data).encode()

@@ -17,8 +17,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from django.utils.timezone import now as dj_now
 
 from dashboard.ingest.otlp_logs import MAX_BODY_CHARS, MAX_LOGS
-from dashboard.observatory.models import Conversation, LogRecord, Span
 from dashboard.observatory.derive.drain import outbox_drain_all
+from dashboard.observatory.models import Conversation, IngestTransport, LogRecord, Span
+
+from .database_faults import broken_reports, broken_table, busy_database, faults, names_nothing_internal
 
 pytestmark = pytest.mark.django_db
 
@@ -283,3 +285,27 @@ def test_it_rejects_a_negative_time_in_json(client, auth, project):
     response = post(client, auth, json.dumps(document).encode(), JSON)
     assert response.json()["partialSuccess"]["rejectedLogRecords"] == "1"
     assert list(LogRecord.objects.values_list("body", flat=True)) == ["kept"]
+
+
+# --- a busy database and a broken one, for real ------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_503_with_retry_after_when_the_database_is_really_busy(client, auth, project, monkeypatch):
+    with busy_database(monkeypatch, "observatory_logrecord"):
+        response = post(client, auth, make_logs(2).SerializeToString())
+    assert (response.status_code, response["Retry-After"]) == (503, "2")
+    assert not LogRecord.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_500_naming_nothing_when_the_database_is_broken_and_logs_and_counts_it_once(
+        client, auth, project, caplog):
+    request = make_logs(2, attributes={"gen_ai.conversation.id": "c-broken"})
+    with broken_table("observatory_logrecord"):
+        response = post(client, auth, request.SerializeToString())
+    assert response.status_code == 500 and "Retry-After" not in response
+    assert names_nothing_internal(status_pb2.Status.FromString(response.content).message)
+    assert not LogRecord.objects.exists() and not Conversation.objects.exists()
+    (report,) = broken_reports(caplog)
+    assert f"project {project.pk}" in report.getMessage() and "2 log records" in report.getMessage()
+    assert faults(IngestTransport.OTLP_HTTP, project) == 1

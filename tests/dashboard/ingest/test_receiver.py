@@ -33,8 +33,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from dashboard.accounts.services import apikey_create, project_create
 from dashboard.ingest import receiver as receiver_module
 from dashboard.ingest import spans as spans_module
-from dashboard.observatory.models import LogRecord, Span
+from dashboard.observatory.models import IngestTransport, LogRecord, Span
 
+from .database_faults import (
+    broken_reports,
+    broken_table,
+    busy_database,
+    faults,
+    names_nothing_internal,
+    poisoned_spans,
+)
 from .test_grpc_server import spans_request
 from .test_otlp_logs import make_logs
 
@@ -238,6 +246,55 @@ def test_a_database_error_is_a_503_with_retry_after_and_stores_nothing_fake_data
     assert (status, headers["retry-after"]) == (503, "2")
     assert status_pb2.Status.FromString(body).message == "database busy, retry later"
     assert not Span.objects.exists()
+
+
+def test_a_really_busy_database_is_a_503_with_retry_after(served, key, monkeypatch, caplog):
+    with busy_database(monkeypatch, "observatory_span"):
+        status, headers, body = post(served.port, spans_request(2), key)
+    assert (status, headers["retry-after"]) == (503, "2")
+    assert status_pb2.Status.FromString(body).message == "database busy, retry later"
+    assert not Span.objects.exists() and not broken_reports(caplog)
+
+
+def test_a_broken_database_is_a_500_naming_nothing_logged_and_counted_once(served, key, caplog):
+    with broken_table("observatory_span"):
+        status, headers, body = post(served.port, spans_request(3), key)
+    assert status == 500 and "retry-after" not in headers
+    assert names_nothing_internal(status_pb2.Status.FromString(body).message)
+    assert not Span.objects.exists()
+    (report,) = broken_reports(caplog)
+    assert "3 spans" in report.getMessage()
+    assert faults(IngestTransport.OTLP_RECEIVER, _receiver_project()) == 1
+
+
+def test_a_request_the_database_fails_for_good_fails_alone_in_its_group(served, key, caplog):
+    """Three pipelined requests, one group; the database refuses the spans of the
+    middle one (a trigger): that one gets the 500, logged and counted once (not once
+    for the group's try and once alone), and the two others of its group are stored."""
+    good_a = ExportTraceServiceRequest.FromString(spans_request(2, name="a"))
+    poisoned = ExportTraceServiceRequest.FromString(spans_request(1, name="poison"))
+    good_b = ExportTraceServiceRequest.FromString(spans_request(3, name="b"))
+    for offset, request in ((100, poisoned), (200, good_b)):
+        for index, span in enumerate(request.resource_spans[0].scope_spans[0].spans):
+            span.span_id = (offset + index).to_bytes(8, "big")
+    data = (request_bytes(good_a.SerializeToString(), key) + request_bytes(poisoned.SerializeToString(), key)
+            + request_bytes(good_b.SerializeToString(), key).replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"))
+    before = served.receiver.groups
+    with poisoned_spans("poison"):
+        got = answers(raw(served.port, data))
+    assert [status for status, _ in got] == [200, 500, 200]
+    assert served.receiver.groups - before == 1
+    assert names_nothing_internal(status_pb2.Status.FromString(got[1][1]).message)
+    assert sorted(Span.objects.values_list("name", flat=True)) == ["a", "a", "b", "b", "b"]
+    (report,) = broken_reports(caplog)
+    assert "1 spans" in report.getMessage()
+    assert faults(IngestTransport.OTLP_RECEIVER, _receiver_project()) == 1
+
+
+def _receiver_project():
+    from dashboard.accounts.models import Project
+
+    return Project.objects.get(name="receiver agents")
 
 
 @pytest.mark.parametrize("data, status", [

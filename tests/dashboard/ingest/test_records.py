@@ -11,12 +11,15 @@ from dashboard.accounts.services import apikey_revoke
 from dashboard.observatory.models import (
     CompressionEvent,
     Conversation,
+    IngestTransport,
     Message,
     Round,
     SkillActivation,
     ToolExecution,
     ToolHourlyRollup,
 )
+
+from .database_faults import broken_reports, broken_table, busy_database, faults, names_nothing_internal
 
 URL = "/api/v1/records"
 pytestmark = pytest.mark.django_db(transaction=False)
@@ -350,3 +353,45 @@ def test_it_accepts_json_with_a_charset(client, auth, records):
     body = json.dumps({"records": [records.message()]}).encode()
     response = client.generic("POST", URL, body, content_type="application/json; charset=utf-8", **auth)
     assert response.status_code == 200 and response.json()["accepted"] == 1
+
+
+# --- a busy database and a broken one, for real ------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_503_with_retry_after_when_the_database_is_really_busy(client, auth, records, project,
+                                                                             monkeypatch, caplog):
+    batch = [records.round(), records.message()]
+    with busy_database(monkeypatch, "observatory_round", "observatory_message"):
+        response = post(client, {"records": batch}, auth)
+    assert (response.status_code, response["Retry-After"]) == (503, "2")
+    assert response.json() == {"error": "database busy, retry later"}
+    assert stored_rows() == 0 and Conversation.objects.count() == 0
+    assert not broken_reports(caplog) and faults(IngestTransport.RECORDS, project) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_500_naming_nothing_when_the_database_is_broken_and_logs_and_counts_it_once(
+        client, auth, records, project, caplog):
+    """The message table gone: a 500 the exporter does not retry forever; the
+    conversation and the round stored before it in the transaction roll back."""
+    batch = [records.round(), records.tool_result(), records.message()]
+    with broken_table("observatory_message"):
+        response = post(client, {"records": batch}, auth)
+    assert response.status_code == 500 and "Retry-After" not in response
+    assert names_nothing_internal(response.content.decode())
+    assert stored_rows() == 0 and Conversation.objects.count() == 0
+    (report,) = broken_reports(caplog)
+    assert f"project {project.pk}" in report.getMessage() and "3 records" in report.getMessage()
+    assert faults(IngestTransport.RECORDS, project) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_500_when_the_key_cannot_be_read_from_a_broken_database(client, auth, records, caplog):
+    """Before the view (the key's read, in the API's authentication): the same answer,
+    counted without a project."""
+    with broken_table("accounts_apikey"):
+        response = post(client, {"records": [records.message()]}, auth)
+    assert response.status_code == 500 and names_nothing_internal(response.content.decode())
+    (report,) = broken_reports(caplog)
+    assert "project unknown" in report.getMessage()
+    assert faults(IngestTransport.RECORDS) == 1
