@@ -367,3 +367,46 @@ def test_a_trace_the_derivations_linked_gives_its_later_plain_spans_their_conver
     assert TraceConversation.objects.get(project=project, trace_id=TRACE).conversation_id == conversation_id
     send(client, auth, span("2" * 16, "later step", at_ms=5), drain=False)  # no derivation pass after it
     assert Span.objects.get(span_id="2" * 16).conversation_id == conversation_id
+
+
+def model_call(span_id: str, at_ms: int, conversation: str = "conv-n") -> dict:
+    return span(span_id, "chat gpt-4o", at_ms=at_ms, ms=50, gen_ai__conversation__id=conversation,
+                gen_ai__operation__name="chat", gen_ai__request__model="gpt-4o", gen_ai__usage__input_tokens=10)
+
+
+def numbering(conversation: str = "conv-n") -> list[tuple[int, str]]:
+    return list(Round.objects.filter(conversation__external_id=conversation).order_by("started_at")
+                .values_list("index", "span_id"))
+
+
+def test_it_numbers_rounds_in_start_order_whichever_batch_brings_them(client, project_key):
+    _, auth = project_key
+    send(client, auth, model_call("a" * 16, 100), model_call("c" * 16, 300))
+    send(client, auth, model_call("e" * 16, 500))  # after them
+    send(client, auth, model_call("b" * 16, 200), model_call("d" * 16, 400))  # between them
+    assert numbering() == [(0, "a" * 16), (1, "b" * 16), (2, "c" * 16), (3, "d" * 16), (4, "e" * 16)]
+    send(client, auth, model_call("f" * 16, 10))  # before them all
+    assert numbering() == [(0, "f" * 16), (1, "a" * 16), (2, "b" * 16), (3, "c" * 16), (4, "d" * 16), (5, "e" * 16)]
+
+
+def test_a_pass_reads_the_rounds_from_its_earliest_new_one_on_not_the_history(client, project_key):
+    _, auth = project_key
+    send(client, auth, model_call("a" * 16, 100), model_call("b" * 16, 200))
+    Round.objects.filter(span_id="a" * 16).update(index=99)  # not read again: not put back
+    send(client, auth, model_call("c" * 16, 300))
+    assert numbering() == [(99, "a" * 16), (1, "b" * 16), (2, "c" * 16)]
+    span_rows._renumber([Conversation.objects.get(external_id="conv-n").pk])  # a whole renumbering reads them all
+    assert numbering() == [(0, "a" * 16), (1, "b" * 16), (2, "c" * 16)]
+
+
+def test_a_record_round_has_the_derived_rounds_renumbered_whole(client, project_key, records):
+    project, auth = project_key
+    send(client, auth, model_call("a" * 16, 100), model_call("b" * 16, 200))
+    Round.objects.filter(span_id="a" * 16).update(index=99)
+    record = records.round(conversation="conv-n", index=0, trace_id="ff" * 16)
+    response = client.post("/api/v1/records", {"records": [record]}, content_type="application/json", **auth)
+    assert response.status_code in (200, 202), response.content
+    outbox_drain_all()
+    send(client, auth, model_call("c" * 16, 300))
+    derived = Round.objects.filter(conversation__external_id="conv-n", source=Source.SPAN).order_by("started_at")
+    assert list(derived.values_list("index", flat=True)) == [1, 2, 3]  # after the record's round 0

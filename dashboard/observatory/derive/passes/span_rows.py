@@ -31,7 +31,7 @@ from datetime import datetime
 from typing import Any, Iterable, Iterator
 
 from django.db import transaction
-from django.db.models import Exists, Max, OuterRef, Q
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q
 
 from dashboard.priority import yield_to_pages
 
@@ -141,7 +141,7 @@ def _conversations(project_id: int, ids: list[int], received: dict[str, datetime
             renumber: set[int] = set()
             for start in range(0, len(new_rounds), CHUNK):
                 renumber |= _rounds_from(project_id, new_rounds[start:start + CHUNK])
-            _renumber(sorted(renumber))
+            _renumber(sorted(renumber), since=_earliest(new_rounds))
             if calls_by is None or renumber:
                 calls_by = _calls_by_round(ids)
             for start in range(0, len(new_tools), CHUNK):
@@ -307,9 +307,17 @@ def _rounds_from(project_id: int, span_pks: list[int]) -> set[int]:
     return conversations
 
 
-def _renumber(conversation_ids: list[int]) -> None:
+def _earliest(span_pks: list[int]) -> datetime | None:
+    """The earliest start of these spans (the rounds just derived from them)."""
+    return Span.objects.filter(pk__in=span_pks).aggregate(earliest=Min("start_time"))["earliest"] if span_pks else None
+
+
+def _renumber(conversation_ids: list[int], since: datetime | None = None) -> None:
     """Number the derived rounds of these conversations in start order (after any
-    record rounds), and their messages with them."""
+    record rounds), and their messages with them. With ``since`` (the earliest start
+    of the rounds just added) the rounds that start before it keep their numbers and
+    are only counted, not read: a pass costs what it added, not the conversations'
+    history (unless a record round is there, whose arrival may have moved them all)."""
     if not conversation_ids:
         return
     offsets = dict(
@@ -318,10 +326,12 @@ def _renumber(conversation_ids: list[int]) -> None:
     )
     changed, moved = [], {}
     position: dict[int, int] = defaultdict(int)
-    for round_ in (
-        Round.objects.filter(conversation_id__in=conversation_ids, source=Source.SPAN)
-        .order_by("conversation_id", "started_at", "id").only("id", "conversation_id", "index", "round_id")
-    ):
+    derived = Round.objects.filter(conversation_id__in=conversation_ids, source=Source.SPAN)
+    if since is not None and not offsets:
+        position.update(derived.filter(started_at__lt=since).values("conversation_id").order_by()
+                        .annotate(before=Count("id")).values_list("conversation_id", "before"))
+        derived = derived.filter(started_at__gte=since)
+    for round_ in derived.order_by("conversation_id", "started_at", "id").only("id", "conversation_id", "index", "round_id"):
         conversation_id = round_.conversation_id
         index = offsets.get(conversation_id, -1) + 1 + position[conversation_id]
         position[conversation_id] += 1
