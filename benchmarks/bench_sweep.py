@@ -7,10 +7,11 @@ conversations' minute slices and the link pass cost in time and in memory.
 A fresh SQLite data dir (or ``--database-url``), in this process. --conversations
 conversations each with --per-minute tool calls a minute for 10 minutes, every one
 naming its model (as the demo agent's records do) and none linked to a span (the
-project has one span, so the link pass reads them all), inserted with bulk_create.
+project has one span; the link pass walked them all until it stopped reading tool
+executions, 2026-11-28), inserted with bulk_create.
 Then, as the beat runs them: the sweep of those minutes (``slices_sweep``: steps of
 200 conversations x 10 minutes, reads and writes), ``hours_with_rows`` and the link
-pass over the project (``links_refresh``), each timed, then the sweep and the link
+sweep over the project (``schedule.links_sweep``), each timed, then the sweep and the link
 pass again under tracemalloc for their peaks of Python allocations (traced
 separately: tracing slows them several times). Printed: rows, seconds and peak MiB.
 Target: their memory does not grow with the calls in the minutes.
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> None:
     from django.utils import timezone
 
     from dashboard.accounts.services import project_create
-    from dashboard.observatory.derive.passes import links, rollups, totals
+    from dashboard.observatory.derive.passes import rollups, totals
+    from dashboard.observatory.derive.schedule import links_sweep
     from dashboard.observatory.models import Conversation, Span, ToolExecution, minute_of
 
     project = project_create(name="sweep", slug=f"sweep-{uuid.uuid4().hex[:8]}")
@@ -84,11 +86,11 @@ def run(args: argparse.Namespace) -> None:
     hours = rollups.hours_with_rows(project_id=project.pk, since=start)
     hours_seconds = time.perf_counter() - began
     began = time.perf_counter()
-    links.links_refresh(project_id=project.pk)
+    links_sweep(project.pk)
     links_seconds = time.perf_counter() - began
     peaks = []
     for beat_read in (lambda: totals.slices_sweep(project_id=project.pk, since=start),
-                      lambda: links.links_refresh(project_id=project.pk)):
+                      lambda: links_sweep(project.pk)):
         tracemalloc.start()
         beat_read()
         peaks.append(tracemalloc.get_traced_memory()[1] / 2**20)
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"sweep of the minutes since: {sweep_seconds:.2f} s ({updated} conversations updated), "
           f"peak {peaks[0]:.1f} MiB of Python allocations")
     print(f"hours_with_rows: {hours_seconds:.2f} s ({len(hours)} hour(s))")
-    print(f"link pass of the project (the beat's): {links_seconds:.2f} s, peak {peaks[1]:.1f} MiB of Python allocations")
+    print(f"link sweep of the project (the beat's): {links_seconds:.2f} s, peak {peaks[1]:.1f} MiB of Python allocations")
 
 
 if __name__ == "__main__":
