@@ -13,23 +13,20 @@ sweep (the hourly beat's link pass over the project) runs three times, timed; th
 median is printed with the rows it linked. Target: flat from day 1 to day 3 (the
 work follows the last hour's arrivals, not the days before).
 
-To compare with code where the beat's pass is ``derivations.links_refresh`` (before
-the derivation engine), run this file from that checkout: it calls that when
-``derive.schedule`` does not exist.
+To compare with code where the beat's pass is ``tasks.links_refresh`` (before the
+derivation engine), run this file from that checkout with this ``load.fresh_django``
+beside it: it calls that when ``derive.schedule`` does not exist.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import tempfile
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
-from benchmarks.load import django_env, setup_django
+from benchmarks.load import fresh_django
 
 DAYS = 3
 
@@ -42,15 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.per_day <= 0 or args.recent <= 0:
         raise SystemExit("--per-day and --recent must be positive")
-    workdir = Path(tempfile.mkdtemp(prefix="bench-link-history-"))
-    try:
-        setup_django(django_env(workdir, args.database_url))
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
+    with fresh_django("bench-link-history-", args.database_url):
         run(args)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def sweep_function():

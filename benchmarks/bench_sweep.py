@@ -20,15 +20,12 @@ Target: their memory does not grow with the calls in the minutes.
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 import time
 import tracemalloc
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
-from benchmarks.load import django_env, setup_django
+from benchmarks.load import fresh_django
 
 MINUTES = 10
 
@@ -41,15 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.conversations <= 0 or args.per_minute <= 0:
         raise SystemExit("--conversations and --per-minute must be positive")
-    workdir = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
-    try:
-        setup_django(django_env(workdir, args.database_url))
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
+    with fresh_django("bench-sweep-", args.database_url):
         run(args)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -15,6 +15,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -388,6 +389,21 @@ def django_env(workdir: Path, database_url: str = "") -> dict[str, str]:
     else:
         env.pop("DATABASE_URL", None)
     return env
+
+
+@contextmanager
+def fresh_django(prefix: str, database_url: str = "") -> Iterator[Path]:
+    """This process's Django on a fresh SQLite data dir (or ``database_url``), migrated;
+    the data dir removed afterwards. For the benchmarks that run in-process."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        setup_django(django_env(workdir, database_url))
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        yield workdir
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def setup_django(env: dict[str, str]) -> None:
