@@ -630,7 +630,7 @@ class ToolMinuteRollup(ToolRollupFigures):
     seconds of rows, where recomputing its hour read up to an hour of them (the
     recompute then grew through the hour until it was most of the derivation's
     time). ``updated_at`` is when the pass that wrote the slice began reading; each
-    recompute also writes the minute's mark (tool name "", derivations.MINUTE_MARK),
+    recompute also writes the minute's mark (tool name "", derive.passes.rollups.MINUTE_MARK),
     so that holds even for a minute it found empty.
     """
 

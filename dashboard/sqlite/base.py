@@ -83,7 +83,7 @@ class _FirstMarker:
     see each other) before queueing, and holds back while it is held. Two
     descriptors: one to hold, one to probe, so a process's own waiting writer is
     seen by its other threads. One drainer derives at a time on SQLite
-    (``outbox.drain_exclusive``), so holders seldom meet."""
+    (``derive.drain.drain_exclusive``), so holders seldom meet."""
 
     def __init__(self, path: str) -> None:
         self._hold = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
