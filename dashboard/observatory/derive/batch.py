@@ -27,7 +27,6 @@ class Batch:
     since: datetime | None = None  # the rows these notes' batches brought were received from …
     until: datetime | None = None  # … to; None: every row of the conversations (a rebuild)
     linked_traces: set[str] = field(default_factory=set)  # traces whose spans the links pass linked (late)
-    later: dict[datetime, datetime] = field(default_factory=dict)  # minute -> when its rollup is due
 
 
 @dataclass(frozen=True)

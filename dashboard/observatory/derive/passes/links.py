@@ -108,12 +108,12 @@ def links_refresh(
     pages = keyset_pages(executions_in_scope, "received_at", EXECUTION_FIELDS, LINK_CHUNK) if conversation_list else ()
     for in_scope in pages:
         with step():
-            learned_traces = _executions_link(project_id, in_scope, counts) if project_has_spans else set()
-            if project_has_spans and scoped:
+            if project_has_spans:
+                learned_traces = _executions_link(project_id, in_scope, counts)
                 traces = {row[2] for row in in_scope if row[2]} | learned_traces
                 _spans_link(project_id, _spans_by_calls_or_traces(
                     unlinked_spans, {row[1] for row in in_scope}, traces), counts, gained, linked_traces)
-            if scoped and artifact_ids is None:
+            if artifact_ids is None:
                 named = {row[5] for row in in_scope if row[5]}
                 if named:
                     _artifacts_link(project_id, Artifact.objects.filter(
