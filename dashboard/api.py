@@ -19,7 +19,7 @@ from dashboard.accounts.models import Project
 from dashboard.ingest.api import RECORD_SCHEMA_DEFINITIONS
 from dashboard.ingest.api import router as ingest_router
 from dashboard.ingest.common import (
-    Batch,
+    IngestBatch,
     DatabaseBroken,
     IngestError,
     database_broken_report,
@@ -110,11 +110,11 @@ def _on_database_error(request: HttpRequest, exc: DatabaseError) -> HttpResponse
 _TRANSPORTS = {"post_records": IngestTransport.RECORDS, "put_artifact": IngestTransport.ARTIFACTS}
 
 
-def _batch(request: HttpRequest) -> Batch:
+def _batch(request: HttpRequest) -> IngestBatch:
     """What is known of a request's batch outside its view: the endpoint and the key's project."""
     match = request.resolver_match
     project = getattr(request, "auth", None)
-    return Batch(_TRANSPORTS.get(match.url_name if match else "", IngestTransport.API),
+    return IngestBatch(_TRANSPORTS.get(match.url_name if match else "", IngestTransport.API),
                  project_id=project.pk if isinstance(project, Project) else None)
 
 

@@ -32,7 +32,7 @@ from dashboard.tuning.services import config_body_and_etag, effective_config
 from pipeline import IngestResponse, Record, RecordSchemaError, parse_record
 
 from .common import (
-    Batch,
+    IngestBatch,
     GunzipReader,
     IngestError,
     authenticate,
@@ -121,7 +121,7 @@ def post_records(request: HttpRequest) -> dict[str, Any]:
     project = request.auth  # type: ignore[attr-defined]
     if (request.content_type or "").lower() != "application/json":
         raise IngestError(415, "send the records as application/json")
-    batch = Batch(IngestTransport.RECORDS, project_id=project.pk, item_name="records")
+    batch = IngestBatch(IngestTransport.RECORDS, project_id=project.pk, item_name="records")
     with ingest_gate(batch):
         derivations_keep_up()
         body = read_body(
@@ -230,7 +230,7 @@ def put_artifact(request: HttpRequest, artifact_id: str) -> Status:
         raise IngestError(400, "invalid Content-Type")
     # The hash and the size limit apply to the artifact itself, after any gzip.
     stream = GunzipReader(request) if encoding in ("gzip", "x-gzip") else request
-    with ingest_gate(Batch(IngestTransport.ARTIFACTS, project_id=project.pk, items=1, item_name="artifact",
+    with ingest_gate(IngestBatch(IngestTransport.ARTIFACTS, project_id=project.pk, items=1, item_name="artifact",
                            nbytes=length)):
         outcome = artifact_store(
             project=project, artifact_id=artifact_id, stream=stream, sha256=sha256,

@@ -619,7 +619,7 @@ _request_memory = threading.local()  # .held: bytes this thread's request reserv
 
 
 @contextmanager
-def ingest_gate(batch: Batch | None = None) -> Iterator[None]:
+def ingest_gate(batch: IngestBatch | None = None) -> Iterator[None]:
     """Bound concurrent ingest requests in this process; past the bound (after a
     wait of at most GATE_WAIT for a place) answer 429 with Retry-After so
     exporters back off instead of piling onto the database.
@@ -657,7 +657,7 @@ def ingest_gate(batch: Batch | None = None) -> Iterator[None]:
     # also around every gRPC export).
     connection.health_check_done = True
     try:
-        with database_errors_refused(batch or Batch(IngestTransport.API)):
+        with database_errors_refused(batch or IngestBatch(IngestTransport.API)):
             yield
     finally:
         _memory_release()
@@ -755,7 +755,7 @@ def json_decode_cost(body: bytes) -> int:
 
 
 @dataclass(slots=True)
-class Batch:
+class IngestBatch:
     """What a batch that a broken database failed is logged and counted with: its
     transport, and what the request has learnt of it by then (filled in as it goes)."""
 
@@ -780,7 +780,7 @@ class DatabaseBroken(IngestError):
 
 
 @contextmanager
-def database_errors_refused(batch: Batch | None = None) -> Iterator[None]:
+def database_errors_refused(batch: IngestBatch | None = None) -> Iterator[None]:
     """Turn a database error into its refusal (``database_refusal``): the write was
     rolled back, nothing of the batch is stored. With ``batch``, a broken database
     is logged and counted with it (also a ``DatabaseBroken`` raised by an inner use
@@ -798,7 +798,7 @@ def database_errors_refused(batch: Batch | None = None) -> Iterator[None]:
         raise
 
 
-def database_refusal(exc: BaseException, batch: Batch | None = None) -> IngestError:
+def database_refusal(exc: BaseException, batch: IngestBatch | None = None) -> IngestError:
     """The refusal of a batch whose transaction failed on the database (rolled back):
     a busy database (``database_busy``, the rule the outbox retries by: a lock, a
     deadlock, a lost connection) is a 503 with Retry-After, the sender tries again;
@@ -818,7 +818,7 @@ def busy_error() -> IngestError:
     return IngestError(503, "database busy, retry later", retry_after=BUSY_RETRY_AFTER)
 
 
-def database_broken_report(error: DatabaseBroken, batch: Batch) -> None:
+def database_broken_report(error: DatabaseBroken, batch: IngestBatch) -> None:
     """Log a batch a broken database failed, once, at ERROR, with its size and
     project, and count it for the admin (``IngestDatabaseFault``)."""
     if error.reported:
@@ -835,7 +835,7 @@ def database_broken_report(error: DatabaseBroken, batch: Batch) -> None:
     _fault_count(batch, cause)
 
 
-def _fault_count(batch: Batch, cause: BaseException) -> None:
+def _fault_count(batch: IngestBatch, cause: BaseException) -> None:
     """One more broken-database answer for the batch's project, transport and day,
     in a transaction of its own (the batch's was rolled back). Never raises: the
     database that just failed may fail this too (it is logged then)."""

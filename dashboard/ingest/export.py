@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from dashboard.observatory.models import IngestTransport
 
 from .common import (
-    Batch,
+    IngestBatch,
     IngestError,
     KeyCheck,
     authenticate_deferred,
@@ -89,7 +89,7 @@ def otlp_export(*, signal: str, authorization: str, read_body: Callable[[], byte
     the decoded (inflated, bounded) body. ``transport`` (IngestTransport) is what a
     batch a broken database failed is counted by.
     """
-    batch = Batch(transport, signal=signal)
+    batch = IngestBatch(transport, signal=signal)
     with ingest_gate(batch):
         prepared = _prepare(ExportRequest(signal, authorization, read_body, content_type), batch)
         return prepared.outcome(pending_store(prepared.pending))
@@ -128,14 +128,14 @@ def otlp_export_all(requests: Sequence[ExportRequest]) -> list[ExportOutcome | B
         return found
 
     for request in requests:
-        batch = Batch(transport, signal=request.signal)
+        batch = IngestBatch(transport, signal=request.signal)
         try:
             with ingest_gate(batch):
                 prepared.append(_prepare(request, batch, authenticate))
         except IngestError as exc:
             prepared.append(exc)
     ready = [item for item in prepared if isinstance(item, _Prepared)]
-    with ingest_gate(Batch(transport)):
+    with ingest_gate(IngestBatch(transport)):
         stored = iter(pending_store_all([item.pending for item in ready]))
     outcomes: list[ExportOutcome | BaseException] = []
     for item in prepared:
@@ -159,7 +159,7 @@ class _Prepared:
     rejected: int
     error_message: str
     pending: Pending[Any]
-    batch: Batch
+    batch: IngestBatch
 
     def outcome(self, stored: Any) -> ExportOutcome:
         return ExportOutcome(self.signal, self.accepted, stored.inserted, self.rejected, self.error_message)
@@ -175,7 +175,7 @@ def _authenticate(header: str, signal: str) -> tuple[Any, int, KeyCheck | None]:
     return project, key_id, check
 
 
-def _prepare(request: ExportRequest, batch: Batch,
+def _prepare(request: ExportRequest, batch: IngestBatch,
              authenticate: Callable[[str, str], Any] = _authenticate) -> _Prepared:
     """Inside the gate: authenticate, read, decode, and prepare the write; what is
     learnt of the batch is written into ``batch`` as it goes."""
