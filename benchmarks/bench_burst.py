@@ -25,6 +25,8 @@ import argparse
 import os
 import secrets
 import shutil
+import signal
+import sys
 import subprocess
 import tempfile
 import time
@@ -110,6 +112,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="0: five new conversations a batch; N: a pool of N the batches keep returning to")
     parser.add_argument("--drain-deadline", type=float, default=90.0)
     parser.add_argument("--root", default="", help="serve this checkout's code (default: this one)")
+    parser.add_argument("--profile", default="", metavar="FILE",
+                        help="py-spy the server (master and workers) while sending and draining: "
+                             "collapsed stacks to FILE (py-spy must be installed)")
+    parser.add_argument("--keep", action="store_true", help="keep the data dir (its path is printed) to look into")
     args = parser.parse_args(argv)
     if args.batches <= 0 or args.spans_per_batch <= 0 or args.clients <= 0 or args.conversations < 0:
         raise SystemExit("--batches, --spans-per-batch and --clients must be positive, --conversations not negative")
@@ -133,12 +139,19 @@ def main(argv: list[str] | None = None) -> None:
         with bi.gunicorn(env, port, log=workdir / "gunicorn.log") as server:
             bi.warm_up(port, key, clients=max(args.clients, 4), records=False)
             bi.settle(server.pid, deadline=20)
+            spy = subprocess.Popen(
+                [shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")), "record", "--subprocesses", "--nonblocking", "--format", "raw",
+                 "--rate", "50", "-p", str(server.pid), "-o", args.profile],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if args.profile else None
             cpu_start = bi.cpu_seconds(bi.process_tree(server.pid))
             seconds, retries, failures = bi.send_all(port, "/v1/traces", "application/x-protobuf", key, bodies,
                                                      args.clients)
             cpu_sent = bi.cpu_seconds(bi.process_tree(server.pid))
             drained = bi.settle(server.pid, deadline=args.drain_deadline)
             cpu_end = bi.cpu_seconds(bi.process_tree(server.pid))
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+                spy.wait(timeout=60)
             log_tail = (workdir / "gunicorn.log").read_text()[-3000:]
         stored = count_spans(env)
         print(f"{commit}: {args.clients} sender(s), {stored:,} of {args.batches * args.spans_per_batch:,} spans stored; "
@@ -149,7 +162,10 @@ def main(argv: list[str] | None = None) -> None:
         if "Traceback" in log_tail:
             print("server log tail:\n" + log_tail, flush=True)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep:
+            print(f"data kept in {workdir / 'data'}", flush=True)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

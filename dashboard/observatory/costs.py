@@ -47,11 +47,20 @@ class ConversationPricing:
             usage_hours_refresh(project_id=project_id, hours=hours)
 
 
-def conversations_priced(conversations: list[Conversation], table: Optional[PriceTable] = None) -> ConversationPricing:
-    """Price every round of these conversations (its model, else the
+_PRICED_FIELDS = ("id", "conversation_id", "model", "occurred_at", "input_tokens", "output_tokens", "cost_pico_usd")
+
+
+def conversations_priced(conversations: list[Conversation], table: Optional[PriceTable] = None, *,
+                         only: Optional[dict[int, set[int]]] = None) -> ConversationPricing:
+    """Price the rounds of these conversations (each round's model, else the
     conversation's) and set each conversation's cost and unpriced rounds. Call
     before the conversations are written: the hours their start moves from are
-    read from the database. Two queries."""
+    read from the database.
+
+    ``only``: per conversation, the pks of the rounds to price (what a pass after batches
+    brought); its other rounds keep their stored cost, summed by the database, so a
+    long conversation costs what arrived, not its history. A conversation not in
+    ``only`` (or every one, without it) has all its rounds priced."""
     table = table or PriceTable.load()
     pricing = ConversationPricing()
     by_id = {c.pk: c for c in conversations}
@@ -60,20 +69,37 @@ def conversations_priced(conversations: list[Conversation], table: Optional[Pric
     ):
         pricing.hours[project_id].add(hour_of(started_at))
     totals: dict[int, list[int]] = {pk: [0, 0, 0] for pk in by_id}  # cost, priced rounds, unpriced rounds
-    for round_ in Round.objects.filter(conversation_id__in=list(by_id)).only(
-        "id", "conversation_id", "model", "occurred_at", "input_tokens", "output_tokens", "cost_pico_usd"
-    ):
-        conversation = by_id[round_.conversation_id]
-        cost = round_cost(round_, table, fallback_model=conversation.model)
-        entry = totals[round_.conversation_id]
+    part = {pk: round_pks for pk, round_pks in (only or {}).items() if pk in by_id}
+    whole = [pk for pk in by_id if pk not in part]
+    rows = list(Round.objects.filter(conversation_id__in=whole).values_list(*_PRICED_FIELDS)) if whole else []
+    round_pks = sorted(round_pk for some in part.values() for round_pk in some)
+    for start in range(0, len(round_pks), ROUNDS_A_QUERY):
+        rows += Round.objects.filter(pk__in=round_pks[start:start + ROUNDS_A_QUERY]).values_list(*_PRICED_FIELDS)
+    if part:  # the stored sums, less the rounds priced again below
+        for pk, cost, priced, count in Round.objects.filter(conversation_id__in=list(part)).values(
+            "conversation_id"
+        ).order_by().annotate(cost=Sum("cost_pico_usd"), priced=Count("cost_pico_usd"), n=Count("id")).values_list(
+            "conversation_id", "cost", "priced", "n"
+        ):
+            totals[pk] = [cost or 0, priced, count - priced]
+    for row in rows:
+        pk, model, occurred_at, stored = row[1], row[2], row[3], row[6]
+        entry = totals[pk]
+        if pk in part:  # counted in the stored sums: take it out again
+            if stored is None:
+                entry[2] -= 1
+            else:
+                entry[0] -= stored
+                entry[1] -= 1
+        price = table.price_for(model or by_id[pk].model, occurred_at)
+        cost = None if price is None else price.cost(row[4], row[5])
         if cost is None:
             entry[2] += 1
         else:
             entry[0] += cost
             entry[1] += 1
-        if cost != round_.cost_pico_usd:
-            round_.cost_pico_usd = cost
-            pricing.rounds.append(round_)
+        if cost != stored:
+            pricing.rounds.append(Round(id=row[0], conversation_id=pk, cost_pico_usd=cost))
     for pk, conversation in by_id.items():
         cost, priced, unpriced = totals[pk]
         conversation.cost_pico_usd = cost if priced else None
@@ -82,10 +108,7 @@ def conversations_priced(conversations: list[Conversation], table: Optional[Pric
     return pricing
 
 
-def round_cost(round_: Any, table: PriceTable, *, fallback_model: str = "") -> Optional[int]:
-    """pico-USD of a round's input and output tokens; None when its model has no price."""
-    price = table.price_for(round_.model or fallback_model, round_.occurred_at)
-    return None if price is None else price.cost(round_.input_tokens, round_.output_tokens)
+ROUNDS_A_QUERY = 500
 
 
 def observation_cost(execution: Any, table: PriceTable, *, fallback_model: str = "") -> Optional[int]:

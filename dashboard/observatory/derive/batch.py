@@ -27,6 +27,9 @@ class Batch:
     since: datetime | None = None  # the rows these notes' batches brought were received from …
     until: datetime | None = None  # … to; None: every row of the conversations (a rebuild)
     linked_traces: set[str] = field(default_factory=set)  # traces whose spans the links pass linked (late)
+    # conversations of notes no ingest request wrote (a reprice, a re-sum): their
+    # per-round figures are derived whole, not only for what the window brought
+    whole: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True)

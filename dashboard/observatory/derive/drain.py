@@ -183,6 +183,8 @@ def _merged(notes: list[DerivationNote]) -> Batch:
         batch.minutes.update(map(datetime.fromisoformat, note.minutes))
         batch.artifact_ids.update(note.artifact_ids)
         batch.trace_ids.update(note.trace_ids)
+        if note.rows_from is None:
+            batch.whole.update(note.conversation_ids)
     return batch
 
 

@@ -68,7 +68,7 @@ def test_it_keeps_running_after_a_failing_pass(client, auth, records, background
     calls = {"n": 0}
     real = totals.conversation_totals_refresh
 
-    def flaky(*, conversation_ids, minutes=None):
+    def flaky(*, conversation_ids, minutes=None, scope=None):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("database went away")
@@ -91,7 +91,7 @@ def test_it_parks_work_that_keeps_failing_with_its_error(client, auth, records, 
     settings.OBSERVATORY_DERIVE_RETRY_SECONDS = 0
     calls = {"n": 0}
 
-    def broken(*, conversation_ids, minutes=None):
+    def broken(*, conversation_ids, minutes=None, scope=None):
         calls["n"] += 1
         raise RuntimeError("a bug, not a passing fault")
 

@@ -90,7 +90,7 @@ def test_it_isolates_a_failing_conversation_from_the_others(client, auth, record
     poison = Conversation.objects.get(external_id="poison").pk
     real = totals.conversation_totals_refresh
 
-    def fails_on_poison(*, conversation_ids, minutes=None):
+    def fails_on_poison(*, conversation_ids, minutes=None, scope=None):
         if poison in conversation_ids:
             raise ValueError("year 1 BC")
         return real(conversation_ids=conversation_ids, minutes=minutes)
@@ -133,7 +133,7 @@ def test_it_never_parks_a_note_for_a_busy_database(client, auth, records, crash_
     real = totals.conversation_totals_refresh
     busy = {"left": drain.MAX_ATTEMPTS * 3}
 
-    def locked_for_a_while(*, conversation_ids, minutes=None):
+    def locked_for_a_while(*, conversation_ids, minutes=None, scope=None):
         if busy["left"]:
             busy["left"] -= 1
             raise OperationalError("database is locked")
@@ -202,7 +202,7 @@ def test_a_note_failing_the_same_way_every_time_is_parked_not_retried_forever(
     post(client, auth, [records.message(conversation="a"), records.message(conversation="b")])
     real = totals.conversation_totals_refresh
 
-    def broken_for_a(*, conversation_ids, minutes=None):
+    def broken_for_a(*, conversation_ids, minutes=None, scope=None):
         if Conversation.objects.filter(pk__in=conversation_ids, external_id="a").exists():
             try:
                 sqlite3.connect(":memory:").execute("SELECT no_such_function()")
@@ -229,7 +229,7 @@ def test_a_busy_merged_pass_is_retried_merged_not_note_by_note(client, auth, rec
     post(client, auth, [records.message(conversation="b")])
     calls: list[list[int]] = []
 
-    def locked(*, conversation_ids, minutes=None):
+    def locked(*, conversation_ids, minutes=None, scope=None):
         calls.append(list(conversation_ids))
         raise OperationalError("database is locked")
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from dashboard.accounts.services import apikey_create, project_create
 from dashboard.observatory.derive.passes import span_rows
@@ -410,3 +412,72 @@ def test_a_record_round_has_the_derived_rounds_renumbered_whole(client, project_
     send(client, auth, model_call("c" * 16, 300))
     derived = Round.objects.filter(conversation__external_id="conv-n", source=Source.SPAN).order_by("started_at")
     assert list(derived.values_list("index", flat=True)) == [1, 2, 3]  # after the record's round 0
+
+
+# --- the totals pass after batches derives the rounds a batch brought, not the history ---
+
+def tool_call(span_id: str, at_ms: int, call: str, conversation: str = "conv-n", *, error: bool = False) -> dict:
+    return span(span_id, "execute_tool weather", at_ms=at_ms, ms=20, error=error, gen_ai__conversation__id=conversation,
+                gen_ai__operation__name="execute_tool", gen_ai__tool__name="weather", gen_ai__tool__call__id=call)
+
+
+def per_round(conversation: str = "conv-n") -> list[tuple]:
+    return list(Round.objects.filter(conversation__external_id=conversation).order_by("index").values_list(
+        "span_id", "cost_pico_usd", "tool_call_count", "error_count", "derived_context_tokens"))
+
+
+def figures(conversation: str = "conv-n") -> tuple:
+    return Conversation.objects.filter(external_id=conversation).values_list(
+        "rounds", "tool_calls", "errors", "cost_pico_usd", "unpriced_rounds", "input_tokens").get()
+
+
+@pytest.fixture
+def gpt_price():
+    from dashboard.tuning.models import PriceRule
+    from tests.dashboard.web.pages_factories import price_rule
+    PriceRule.objects.all().delete()
+    price_rule("gpt-4o*", "2.5", "10")
+
+
+def test_a_pass_after_batches_prices_and_counts_only_the_rounds_they_brought(client, project_key, gpt_price):
+    from dashboard.observatory.derive.passes import totals
+    _, auth = project_key
+    send(client, auth, model_call("a" * 16, 100), tool_call("1" * 16, 120, "c1"))
+    # Put wrong figures on the first round, received an hour ago (out of the next batch's window,
+    # with its slack): a pass that read the history would put them back.
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    for model in (Span, Round, ToolExecution):
+        model.objects.update(received_at=an_hour_ago)
+    Round.objects.filter(span_id="a" * 16).update(cost_pico_usd=7, tool_call_count=5)
+    send(client, auth, model_call("b" * 16, 200), tool_call("2" * 16, 220, "c2", error=True))
+    assert per_round()[0][1:3] == (7, 5)
+    assert figures()[3] == 7 + 25_000_000  # the stored cost of the first round, plus the new one's
+    totals.conversation_totals_refresh(conversation_ids=[Conversation.objects.get(external_id="conv-n").pk])
+    assert per_round() == [("a" * 16, 25_000_000, 1, 0, 10), ("b" * 16, 25_000_000, 1, 1, 10)]
+    assert figures() == (2, 2, 1, 50_000_000, 0, 20)
+
+
+def test_figures_after_many_batches_equal_a_whole_recomputation(client, project_key, gpt_price):
+    from dashboard.observatory.derive.passes import totals
+    _, auth = project_key
+    for i in range(6):  # a tool span before its round's batch, one after, rounds out of order
+        send(client, auth, tool_call(f"{i:x}1".rjust(16, "0"), 1000 * (5 - i) + 20, f"c{i}", error=i == 2),
+             model_call(f"{i:x}0".rjust(16, "f"), 1000 * (5 - i)))
+    incremental = (per_round(), figures())
+    totals.conversation_totals_refresh(conversation_ids=[Conversation.objects.get(external_id="conv-n").pk])
+    assert (per_round(), figures()) == incremental
+    assert figures() == (6, 6, 1, 6 * 25_000_000, 0, 60)
+
+
+def test_a_record_taking_over_an_older_derived_call_has_its_round_counted_again(client, project_key, records):
+    _, auth = project_key
+    send(client, auth, *agent_spans().values())
+    (derived,) = Round.objects.filter(conversation__external_id="conv-s", span_id="2" * 16).values_list(
+        "tool_call_count", flat=True)
+    assert derived == 1
+    record = records.tool_result(conversation="conv-s", tool="weather", result={"tool_call_id": "call_1"})
+    response = client.post("/api/v1/records", {"records": [record]}, content_type="application/json", **auth)
+    assert response.status_code in (200, 202), response.content
+    outbox_drain_all()  # the record's batch, then the note for the round that lost the call
+    assert Round.objects.get(conversation__external_id="conv-s", span_id="2" * 16).tool_call_count == 0
+    assert not DerivationNote.objects.exists()

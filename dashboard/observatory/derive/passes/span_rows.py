@@ -42,6 +42,7 @@ from dashboard.observatory.paging import keyset_pages
 from dashboard.observatory.rows import insert_ignoring_conflicts, update_rows
 
 from ..batch import Batch, Pass, received_window
+from ..notes import note_write
 
 NAMESPACE = uuid.UUID("6f1d1c2e-5b0a-4c1e-9d3c-7a7f0e6b5a10")
 CHUNK = 500
@@ -88,8 +89,11 @@ def _candidate_queries(project_id: int, ids: list[int], operation: str, received
     database leaves out a tool span that a tool execution (derived, or a record's)
     links to and a model-call span that has its round."""
     if operation == CHAT:
-        has_round = Round.objects.filter(conversation_id=OuterRef("conversation_id"), source=Source.SPAN,
-                                         span_id=OuterRef("span_id"), trace_id=OuterRef("trace_id"))
+        # Found through round_project_trace (a trace holds a few rounds): by the
+        # conversation's index it read each of the conversation's rounds per span, and
+        # with conversations that keep coming back that was a quarter of a pass.
+        has_round = Round.objects.filter(project_id=OuterRef("project_id"), trace_id=OuterRef("trace_id"),
+                                         span_id=OuterRef("span_id"), source=Source.SPAN)
         pending = Span.objects.filter(conversation_id__in=ids, operation=CHAT).exclude(Exists(has_round))
     else:
         has_tool_row = ToolExecution.objects.filter(linked_span_id=OuterRef("pk"))
@@ -122,7 +126,6 @@ def _conversations(project_id: int, ids: list[int], received: dict[str, datetime
     # at most CANDIDATES of each operation; each transaction is whole: the rounds it
     # adds are numbered in it and its tool executions get their rounds in it (a later
     # page's round is given to the executions waiting for it by _assign_rounds there).
-    calls_by = None  # what the derived rounds asked for: read again only after a page adds rounds
     for chats, tools in _paired(_candidate_chunks(project_id, ids, CHAT, received, traces),
                                 _candidate_chunks(project_id, ids, EXECUTE_TOOL, received, traces)):
         record_traces = set(
@@ -142,8 +145,9 @@ def _conversations(project_id: int, ids: list[int], received: dict[str, datetime
             for start in range(0, len(new_rounds), CHUNK):
                 renumber |= _rounds_from(project_id, new_rounds[start:start + CHUNK])
             _renumber(sorted(renumber), since=_earliest(new_rounds))
-            if calls_by is None or renumber:
-                calls_by = _calls_by_round(ids)
+            # what the derived rounds of the page's traces asked for (after the numbering)
+            calls_by = _calls_by_round(project_id, ids, {trace for _, trace, _ in chats} | {
+                trace for _, trace, _ in tools})
             for start in range(0, len(new_tools), CHUNK):
                 minutes |= _tools_from(project_id, new_tools[start:start + CHUNK], calls_by)
             _assign_rounds(project_id, ids, calls_by)
@@ -218,26 +222,31 @@ def _records_win(project_id: int, ids: list[int], minutes: set[datetime],
                                    round_id__in=[r for _, c, r in gone if c == conversation_id]).delete()
         Round.objects.filter(pk__in=[pk for pk, _, _ in gone]).delete()
     derived_calls = {
-        call: (pk, span_pk, occurred)
+        call: (pk, span_pk, occurred, conversation_id)
         for query in described
-        for pk, call, span_pk, occurred in query.values_list("id", "tool_call_id", "linked_span_id", "occurred_at")
+        for pk, call, span_pk, occurred, conversation_id in query.values_list(
+            "id", "tool_call_id", "linked_span_id", "occurred_at", "conversation_id")
     }
     if not derived_calls:
         return
     records = list(records.filter(tool_call_id__in=list(derived_calls)).values_list(
         "id", "tool_call_id", "linked_span_id"))
+    touched = set()
     for record_pk, call, linked in records:
-        pk, span_pk, occurred = derived_calls[call]
+        pk, span_pk, occurred, conversation_id = derived_calls[call]
+        touched.add(conversation_id)
         if linked is None and span_pk is not None:
             ToolExecution.objects.filter(pk=record_pk).update(linked_span_id=span_pk)
         ToolExecution.objects.filter(pk=pk).delete()
         minutes.add(minute_of(occurred))
+    # the rounds that held the derived calls count them no more: summed whole next time
+    _rounds_whole_later(project_id, touched)
 
 
 # --- rounds and messages ------------------------------------------------------------------
 
 _SPAN_FIELDS = ("id", "conversation_id", "trace_id", "span_id", "start_time", "end_time", "duration_ms", "status_code",
-                "status_message", "attributes", "events", "resource", "tool_name", "tool_call_id")
+                "status_message", "attributes", "events", "resource", "tool_name", "tool_call_id", "received_at")
 
 
 def _round_id(span_id: str) -> str:
@@ -278,8 +287,9 @@ def _rounds_from(project_id: int, span_pks: list[int]) -> set[int]:
         answer = next((m for m in outputs if m.role in ("assistant", "")), None)
         calls = answer is not None and bool(answer.tool_calls)
         round_id = _round_id(span.span_id)
+        # received when its span was: the totals pass finds what a batch brought by that
         common = dict(project_id=project_id, conversation_id=conversation_id, occurred_at=span.start_time,
-                      source=Source.SPAN)
+                      source=Source.SPAN, received_at=span.received_at)
         context = facts.input_tokens or 0
         rounds.append(dict(
             **common, record_id=record_id(project_id, span.trace_id, span.span_id, "round"),
@@ -355,23 +365,45 @@ def _renumber(conversation_ids: list[int], since: datetime | None = None) -> Non
 
 # --- tool executions -----------------------------------------------------------------------
 
-def _calls_by_round(conversation_ids: list[int]) -> dict[str, Any]:
-    """What the derived rounds asked for: (conversation, call id) -> (round id, name,
-    args), and per (conversation, trace) the rounds in start order (for tool spans
-    that name no call id)."""
-    by_call: dict[tuple[int, str], tuple[str, str, dict[str, Any]]] = {}
-    for conversation_id, round_id, tool_calls in Message.objects.filter(
-        conversation_id__in=conversation_ids, source=Source.SPAN, role="assistant"
-    ).exclude(tool_calls=[]).values_list("conversation_id", "round_id", "tool_calls"):
-        for call in tool_calls if isinstance(tool_calls, list) else []:
-            if isinstance(call, dict) and call.get("id"):
-                by_call.setdefault((conversation_id, call["id"]),
-                                   (round_id, call.get("name", ""), call.get("args") or {}))
+def _calls_by_round(project_id: int, conversation_ids: list[int], traces: set[str]) -> dict[str, Any]:
+    """What the derived rounds of these traces asked for: (conversation, call id) ->
+    (round id, name, args), and per (conversation, trace) the rounds in start order
+    (for tool spans that name no call id). A tool span's round is in its own trace, so
+    a page reads the rounds of its traces (round_project_trace) and their assistant
+    messages from the earliest one's on (message_conversation_index: a derived
+    message's index follows its round's), never a conversation's history."""
     rounds_by_trace: dict[tuple[int, str], list[tuple[datetime, str]]] = defaultdict(list)
-    for conversation_id, trace_id, started_at, round_id in Round.objects.filter(
-        conversation_id__in=conversation_ids, source=Source.SPAN
-    ).order_by("started_at").values_list("conversation_id", "trace_id", "started_at", "round_id"):
+    first: dict[int, int] = {}
+    round_ids: set[tuple[int, str]] = set()
+    wanted = set(conversation_ids)
+    ordered = sorted(trace for trace in traces if trace)
+    found = []
+    for start in range(0, len(ordered), CHUNK):
+        found += Round.objects.filter(project_id=project_id, trace_id__in=ordered[start:start + CHUNK],
+                                      source=Source.SPAN).values_list(
+            "conversation_id", "trace_id", "started_at", "round_id", "index")
+    for conversation_id, trace_id, started_at, round_id, index in sorted(
+            found, key=lambda row: (row[2] is None, row[2])):
+        if conversation_id not in wanted:
+            continue
         rounds_by_trace[(conversation_id, trace_id)].append((started_at, round_id))
+        first[conversation_id] = min(index, first.get(conversation_id, index))
+        round_ids.add((conversation_id, round_id))
+    by_call: dict[tuple[int, str], tuple[str, str, dict[str, Any]]] = {}
+    starts = sorted(first.items())
+    for start in range(0, len(starts), CHUNK):
+        since = Q()
+        for conversation_id, index in starts[start:start + CHUNK]:
+            since |= Q(conversation_id=conversation_id, index__gte=index * MESSAGES_PER_ROUND)
+        for conversation_id, round_id, tool_calls in Message.objects.filter(
+            since, source=Source.SPAN, role="assistant"
+        ).exclude(tool_calls=[]).values_list("conversation_id", "round_id", "tool_calls"):
+            if (conversation_id, round_id) not in round_ids:
+                continue
+            for call in tool_calls if isinstance(tool_calls, list) else []:
+                if isinstance(call, dict) and call.get("id"):
+                    by_call.setdefault((conversation_id, call["id"]),
+                                       (round_id, call.get("name", ""), call.get("args") or {}))
     return {"by_call": by_call, "by_trace": rounds_by_trace}
 
 
@@ -442,6 +474,7 @@ def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> 
         level = attributes.get("ba.output_level")
         rows.append(dict(
             project_id=project_id, conversation_id=conversation_id, occurred_at=span.start_time,
+            received_at=span.received_at,
             source=Source.SPAN, record_id=record_id(project_id, span.trace_id, span.span_id, "tool"),
             round_id=round_id, trace_id=span.trace_id, span_id=span.span_id, linked_span_id=span.pk,
             tool_name=(name or "unknown")[:_ID_MAX], parameters=arguments if isinstance(arguments, dict) else {},
@@ -556,7 +589,16 @@ def _assign_rounds(project_id: int, conversation_ids: list[int], calls: dict[str
         if found and isinstance(found[2], dict):
             execution.parameters = found[2]
         changed.append(execution)
+    # (the rounds they get were derived in this transaction, from the batch: the totals pass counts them)
     update_rows(ToolExecution, changed, ["round_id", "tool_call_id", "parameters"])
+
+
+def _rounds_whole_later(project_id: int, conversation_ids: set[int]) -> None:
+    """A note (in this transaction) for conversations whose older rounds this pass
+    changed: the totals pass after batches derives only the rounds a batch brought,
+    and a note no ingest wrote is derived whole."""
+    if conversation_ids:
+        note_write(project_id=project_id, conversation_ids=sorted(conversation_ids), hours=[], artifact_ids=[])
 
 
 def run(batch: Batch) -> None:

@@ -38,7 +38,7 @@ from dashboard.observatory.models import (
 )
 from dashboard.observatory.rows import update_rows
 
-from ..batch import Batch, Pass
+from ..batch import Batch, Pass, received_window
 from ..notes import note_write
 
 
@@ -59,7 +59,23 @@ def _title(text: str) -> str:
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1] + "…"
 
 
-def conversation_totals_refresh(*, conversation_ids: Iterable[int], minutes: Iterable[datetime] | None = None) -> int:
+@dataclass(frozen=True)
+class Scope:
+    """What a pass after batches brought to its conversations: the rows received in
+    ``received`` (derived rows carry their span's received time) and the rounds of
+    ``traces`` (spans linked late). Per-round figures (context, tool calls, cost) are
+    derived again only for the rounds these rows are or belong to, so a long
+    conversation costs what arrived, not its history; a conversation in ``whole`` (a
+    note no ingest request wrote: a reprice, a re-sum, a late round assignment) has
+    all its rounds derived again."""
+
+    received: dict[str, datetime]
+    traces: tuple[str, ...] = ()
+    whole: frozenset[int] = frozenset()
+
+
+def conversation_totals_refresh(*, conversation_ids: Iterable[int], minutes: Iterable[datetime] | None = None,
+                                scope: Scope | None = None) -> int:
     """Recompute totals, title, model, user, status and activity times of the given
     conversations, and the per-round context tokens; returns how many were updated.
 
@@ -85,13 +101,16 @@ def conversation_totals_refresh(*, conversation_ids: Iterable[int], minutes: Ite
     caught one such conversation). A conversation a later pass has written, but
     whose slices this pass changed after that pass summed them, gets a note: the
     next pass sums them again.
+
+    With ``scope`` (a pass after batches) the per-round figures are derived for the
+    rounds it names only; without, for every round of the conversations.
     """
     ids = sorted(set(conversation_ids))
     if not ids:
         return 0
     began = timezone.now()
     slices = _slices_read(ids, None if minutes is None else sorted({minute_of(m) for m in minutes}))
-    conversations, round_updates, pricing = _conversation_totals_read(ids, slices)
+    conversations, round_updates, pricing = _conversation_totals_read(ids, slices, scope)
     yield_to_pages()
     with transaction.atomic():
         current = {
@@ -119,9 +138,13 @@ def conversation_totals_refresh(*, conversation_ids: Iterable[int], minutes: Ite
         )
         update_rows(Round, [r for r in round_updates if r.conversation_id in keep],
                     ["derived_context_tokens", "tool_call_count", "error_count"])
+        # Round costs of a conversation a later pass wrote: that pass summed the costs
+        # stored before these, so the conversation is summed again (a note).
+        repriced = {r.conversation_id for r in pricing.rounds}
         pricing.rounds = [r for r in pricing.rounds if r.conversation_id in keep]
         pricing.save()  # [costs] round costs and the hourly usage rollups
-        _resum_later({pk: current[pk]["project_id"] for pk in changed_slices if pk in current and pk not in keep})
+        _resum_later({pk: current[pk]["project_id"] for pk in changed_slices | repriced
+                      if pk in current and pk not in keep})
     return len(fresh)
 
 
@@ -133,11 +156,12 @@ _SLICE_FIGURES = ("tool_calls", "tool_errors", "retries", "tool_model")
 SLICE_RANGES = 50  # minute ranges one slice query reads (ORed)
 
 
-def _conversation_totals_read(ids: list[int], slices: _SlicesRead) -> tuple[
+def _conversation_totals_read(ids: list[int], slices: _SlicesRead, scope: Scope | None) -> tuple[
         list[Conversation], list[Round], Any]:
     """The conversations with their figures recomputed (but those of the tool calls:
     ``_slices_sum``), the rounds whose context changed, and their pricing: reads only."""
     conversations = list(Conversation.objects.filter(pk__in=ids).order_by("pk"))
+    scoped = None if scope is None else _scoped_rounds(ids, {c.project_id for c in conversations}, scope)
     for conversation in conversations:
         conversation.kept_as_read = {name: getattr(conversation, name) for name in _KEPT_UNLESS_DERIVED}
     rounds = _grouped(
@@ -206,9 +230,45 @@ def _conversation_totals_read(ids: list[int], slices: _SlicesRead) -> tuple[
     # Pricing falls back to the conversation's model: as the slices will say.
     _models_from_slices(conversations, _last_tool_models(ids, slices.found))
 
-    pricing = costs.conversations_priced(conversations)  # [costs] reads the old start hours
+    if scoped is not None:  # a conversation whose model changed: its rounds without one are priced by it
+        scoped = {c.pk: scoped[c.pk] for c in conversations if c.pk in scoped and c.model == c.kept_as_read["model"]}
+    pricing = costs.conversations_priced(conversations, only=scoped)  # [costs] reads the old start hours
     with_rounds = [pk for pk in ids if rounds.get(pk, {}).get("n")]
-    return conversations, _round_context(with_rounds), pricing
+    return conversations, _round_context(with_rounds, scoped), pricing
+
+
+SCOPE_CHUNK = 500
+
+
+def _scoped_rounds(ids: list[int], projects: set[int], scope: Scope) -> dict[int, set[int]]:
+    """Per conversation not in ``scope.whole``, the pks of its rounds the scope names
+    and of the rounds its tool executions received in the window belong to (those
+    through toolexec_project_received: never a conversation's history of calls)."""
+    part = [pk for pk in ids if pk not in scope.whole]
+    found: dict[int, set[int]] = {pk: set() for pk in part}
+    named: set[tuple[int, str]] = set()
+    traces = sorted(scope.traces)
+    for start in range(0, len(part), SCOPE_CHUNK):
+        chunk = part[start:start + SCOPE_CHUNK]
+        for query in [Round.objects.filter(conversation_id__in=chunk, **scope.received)] + [
+            Round.objects.filter(project_id__in=projects, trace_id__in=traces[i:i + SCOPE_CHUNK],
+                                 conversation_id__in=chunk) for i in range(0, len(traces), SCOPE_CHUNK)
+        ]:
+            for pk, conversation_id, round_id in query.values_list("pk", "conversation_id", "round_id"):
+                found[conversation_id].add(pk)
+                named.add((conversation_id, round_id))
+        calls = set(ToolExecution.objects.filter(project_id__in=projects, conversation_id__in=chunk,
+                                                 **scope.received).exclude(round_id="")
+                    .values_list("conversation_id", "round_id")) - named
+        # rounds of earlier batches that calls of this one belong to (records, mostly)
+        for i in range(0, len(calls), SCOPE_CHUNK):
+            some = sorted(calls)[i:i + SCOPE_CHUNK]
+            for pk, conversation_id, round_id in Round.objects.filter(
+                conversation_id__in={c for c, _ in some}, round_id__in={r for _, r in some}
+            ).values_list("pk", "conversation_id", "round_id"):
+                if (conversation_id, round_id) in calls:
+                    found[conversation_id].add(pk)
+    return found
 
 
 # --- a conversation's minute slices ------------------------------------------------------
@@ -383,28 +443,43 @@ def _first(rows: Any, field: str, *order: str) -> Subquery:
     return Subquery(rows.filter(conversation_id=OuterRef("pk")).order_by(*order).values(field)[:1])
 
 
-def _round_context(conversation_ids: list[int]) -> list[Round]:
+def _round_context(conversation_ids: list[int], scoped: dict[int, set[int]] | None = None) -> list[Round]:
     """Per-round context size (reported, else the running sum of message tokens up
-    to the round) and the round's tool calls and errors; only changed rounds."""
+    to the round) and the round's tool calls and errors; only changed rounds.
+
+    ``scoped``: per conversation, the pks of the only rounds to derive (a conversation
+    not in it has all of them derived); their tool calls are counted through
+    toolexec_conversation_round, and the running sum is read whole only for a
+    conversation with a scoped round that reports no context."""
+    scoped = {pk: pks for pk, pks in (scoped or {}).items() if pk in set(conversation_ids)}
+    whole = [pk for pk in conversation_ids if pk not in scoped]
+    fields = ("id", "conversation_id", "round_id", "index", "occurred_at", "context_tokens",
+              "derived_context_tokens", "tool_call_count", "error_count")
+    rounds = list(Round.objects.filter(conversation_id__in=whole).only(*fields)) if whole else []
+    tool_counts = _tool_counts(ToolExecution.objects.filter(conversation_id__in=whole)) if whole else {}
+    pks = sorted(pk for some in scoped.values() for pk in some)
+    for start in range(0, len(pks), SCOPE_CHUNK):
+        some = list(Round.objects.filter(pk__in=pks[start:start + SCOPE_CHUNK]).only(*fields))
+        rounds += some
+        tool_counts.update(_tool_counts(ToolExecution.objects.filter(
+            conversation_id__in={r.conversation_id for r in some}, round_id__in={r.round_id for r in some})))
+    # the running sum of message tokens: every round of a conversation, up to the scoped ones
+    summed = sorted({r.conversation_id for r in rounds if r.conversation_id in scoped and not r.context_tokens})
+    if summed:
+        rounds = [r for r in rounds if r.conversation_id not in set(summed)] + list(
+            Round.objects.filter(conversation_id__in=summed).only(*fields))
     message_tokens: dict[tuple[int, str], int] = {
         (row["conversation_id"], row["round_id"]): row["tokens"] or 0
-        for row in Message.objects.filter(conversation_id__in=conversation_ids)
+        for row in Message.objects.filter(conversation_id__in=whole + summed)
         .values("conversation_id", "round_id").order_by().annotate(tokens=Sum("tokens"))
-    }
-    tool_counts = {
-        (row["conversation_id"], row["round_id"]): row
-        for row in ToolExecution.objects.filter(conversation_id__in=conversation_ids)
-        .values("conversation_id", "round_id").order_by()
-        .annotate(n=Count("id"), errors=Count("id", filter=Q(success=False)))
-    }
+    } if whole or summed else {}
     changed = []
     running: dict[int, int] = defaultdict(int)
-    for round_ in Round.objects.filter(conversation_id__in=conversation_ids).order_by(
-        "conversation_id", "index", "occurred_at"
-    ).only("id", "conversation_id", "round_id", "context_tokens", "derived_context_tokens",
-           "tool_call_count", "error_count"):
+    for round_ in sorted(rounds, key=lambda r: (r.conversation_id, r.index, r.occurred_at)):
         key = (round_.conversation_id, round_.round_id)
         running[round_.conversation_id] += message_tokens.get(key, 0)
+        if round_.conversation_id in scoped and round_.pk not in scoped[round_.conversation_id]:
+            continue  # read for the running sum only
         derived = round_.context_tokens or running[round_.conversation_id]
         tools = tool_counts.get(key, {})
         values = (derived, tools.get("n", 0), tools.get("errors", 0))
@@ -414,9 +489,21 @@ def _round_context(conversation_ids: list[int]) -> list[Round]:
     return changed
 
 
+def _tool_counts(executions: Any) -> dict[tuple[int, str], dict[str, Any]]:
+    return {
+        (row["conversation_id"], row["round_id"]): row
+        for row in executions.values("conversation_id", "round_id").order_by()
+        .annotate(n=Count("id"), errors=Count("id", filter=Q(success=False)))
+    }
+
+
 def run(batch: Batch) -> None:
     if batch.conversation_ids:
-        conversation_totals_refresh(conversation_ids=batch.conversation_ids, minutes=batch.minutes)
+        received = received_window(batch.since, batch.until)
+        conversation_totals_refresh(
+            conversation_ids=batch.conversation_ids, minutes=batch.minutes,
+            scope=None if received is None else Scope(received=received, traces=tuple(batch.linked_traces),
+                                                      whole=frozenset(batch.whole)))
 
 
 PASS = Pass(
