@@ -249,6 +249,13 @@ _SPAN_FIELDS = ("id", "conversation_id", "trace_id", "span_id", "start_time", "e
                 "status_message", "attributes", "events", "resource", "tool_name", "tool_call_id", "received_at")
 
 
+def _spans(span_pks: list[int]) -> list[Any]:
+    """These spans as named rows of _SPAN_FIELDS in (start, id) order: a model instance
+    a span cost more than deriving from it."""
+    return list(Span.objects.filter(pk__in=span_pks).order_by("start_time", "id").values_list(
+        *_SPAN_FIELDS, named=True))
+
+
 def _round_id(span_id: str) -> str:
     return f"span-{span_id}"
 
@@ -276,7 +283,7 @@ def _tool_calls(message: MessageFact) -> list[dict[str, Any]]:
 def _rounds_from(project_id: int, span_pks: list[int]) -> set[int]:
     """Rounds and messages of these model-call spans; returns their conversations."""
     rounds, messages, conversations = [], [], set()
-    for span in Span.objects.filter(pk__in=span_pks).only(*_SPAN_FIELDS):
+    for span in _spans(span_pks):
         conversation_id = span.conversation_id
         conversations.add(conversation_id)
         facts = span_facts(span.attributes, span.resource, span.events)
@@ -335,31 +342,37 @@ def _renumber(conversation_ids: list[int], since: datetime | None = None) -> Non
         .values("conversation_id").order_by().annotate(last=Max("index")).values_list("conversation_id", "last")
     )
     changed, moved = [], {}
+    spans: dict[int, tuple[int, int]] = {}  # per conversation, the lowest and highest old index moved
     position: dict[int, int] = defaultdict(int)
     derived = Round.objects.filter(conversation_id__in=conversation_ids, source=Source.SPAN)
     if since is not None and not offsets:
         position.update(derived.filter(started_at__lt=since).values("conversation_id").order_by()
                         .annotate(before=Count("id")).values_list("conversation_id", "before"))
         derived = derived.filter(started_at__gte=since)
-    for round_ in derived.order_by("conversation_id", "started_at", "id").only("id", "conversation_id", "index", "round_id"):
-        conversation_id = round_.conversation_id
+    for pk, conversation_id, old_index, round_id in derived.order_by("conversation_id", "started_at", "id").values_list(
+            "id", "conversation_id", "index", "round_id"):
         index = offsets.get(conversation_id, -1) + 1 + position[conversation_id]
         position[conversation_id] += 1
-        if round_.index != index:
-            moved[(conversation_id, round_.round_id)] = index
-            round_.index = index
-            changed.append(round_)
+        if old_index != index:
+            moved[(conversation_id, round_id)] = index
+            low, high = spans.get(conversation_id, (old_index, old_index))
+            spans[conversation_id] = (min(low, old_index), max(high, old_index))
+            changed.append(Round(id=pk, index=index))
     update_rows(Round, changed, ["index"])
     if moved:
-        messages = list(Message.objects.filter(
-            conversation_id__in={c for c, _ in moved}, source=Source.SPAN, round_id__in={r for _, r in moved}
-        ).only("id", "conversation_id", "index", "round_id"))
+        # their messages, through message_conversation_index from the first moved round's
+        # (new rounds were stored at 0) to the last's: not the conversations' history
+        in_ranges = Q()
+        for conversation_id, (low, high) in spans.items():
+            in_ranges |= Q(conversation_id=conversation_id, index__gte=low * MESSAGES_PER_ROUND,
+                           index__lt=(high + 1) * MESSAGES_PER_ROUND)
         changed_messages = []
-        for message in messages:
-            index = moved.get((message.conversation_id, message.round_id))
+        for pk, conversation_id, old_index, round_id in Message.objects.filter(
+            in_ranges, source=Source.SPAN, round_id__in={r for _, r in moved}
+        ).values_list("id", "conversation_id", "index", "round_id"):
+            index = moved.get((conversation_id, round_id))
             if index is not None:
-                message.index = index * MESSAGES_PER_ROUND + message.index % MESSAGES_PER_ROUND
-                changed_messages.append(message)
+                changed_messages.append(Message(id=pk, index=index * MESSAGES_PER_ROUND + old_index % MESSAGES_PER_ROUND))
         update_rows(Message, changed_messages, ["index"])
 
 
@@ -441,7 +454,7 @@ def _text(value: Any) -> str:
 
 
 def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> set[datetime]:
-    spans = list(Span.objects.filter(pk__in=span_pks).order_by("start_time", "id").only(*_SPAN_FIELDS))
+    spans = _spans(span_pks)
     rows, minutes = [], set()
     by_call = calls["by_call"]
     read = []
@@ -453,7 +466,7 @@ def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> 
                        {item[3] for item in read if item[3]} | _open_calls(calls))
     # Spans that name their call first: a guess by name must not take a call that
     # another span of the batch answers.
-    read.sort(key=lambda item: (not item[3], item[0].start_time, item[0].pk))
+    read.sort(key=lambda item: (not item[3], item[0].start_time, item[0].id))
     for span, facts, result, call_id in read:
         conversation_id = span.conversation_id
         name = facts.tool_name or span.tool_name
@@ -476,7 +489,7 @@ def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> 
             project_id=project_id, conversation_id=conversation_id, occurred_at=span.start_time,
             received_at=span.received_at,
             source=Source.SPAN, record_id=record_id(project_id, span.trace_id, span.span_id, "tool"),
-            round_id=round_id, trace_id=span.trace_id, span_id=span.span_id, linked_span_id=span.pk,
+            round_id=round_id, trace_id=span.trace_id, span_id=span.span_id, linked_span_id=span.id,
             tool_name=(name or "unknown")[:_ID_MAX], parameters=arguments if isinstance(arguments, dict) else {},
             model="", tool_call_id=call_id[:256], observation=_text(result)[: conventions.TEXT_LIMIT],
             output_level=level if level in ("brief", "standard", "full") else "",
@@ -531,7 +544,7 @@ def _only_open_call(calls: dict[str, Any], used: set[tuple[int, str]], conversat
 ERROR_MESSAGE_LIMIT = 2000
 
 
-def _error_message(span: Span) -> str:
+def _error_message(span: Any) -> str:
     """The exception event's message, else the status message's first line: what
     went wrong, not the stack trace some instrumentations append to the status."""
     for event in span.events if isinstance(span.events, list) else []:
@@ -543,7 +556,7 @@ def _error_message(span: Span) -> str:
     return (span.status_message or "").strip().split("\n", 1)[0][:ERROR_MESSAGE_LIMIT]
 
 
-def _failed(span: Span, facts: Any) -> bool:
+def _failed(span: Any, facts: Any) -> bool:
     """Status ERROR, or an error type (the GenAI conventions set error.type on failure)."""
     return span.status_code == ERROR or bool(facts.error_type)
 
