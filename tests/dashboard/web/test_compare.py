@@ -85,6 +85,22 @@ def test_it_summarises_the_stored_totals_with_deltas(client_in, project):
     assert delta("cost") == "+" + usd_text(b.cost_pico_usd - a.cost_pico_usd)
 
 
+def test_it_says_which_rounds_a_cost_leaves_out(client_in, project):
+    from dashboard.web.costs import usd_text
+
+    a = conversation(project, "priced", 2)
+    store(project, [round_record("half", 0), round_record("half", 1, at=HOUR + timedelta(minutes=1), model="my-own-model")])
+    b = Conversation.objects.get(project=project, external_id="half")
+    assert (a.unpriced_rounds, b.unpriced_rounds) == (0, 1) and b.cost_pico_usd
+    body = client_in.get(compare_url(project, a, b)).content.decode()
+    row = re.search(r'<tr data-summary="cost">(.*?)</tr>', body, re.S).group(1)
+    cell = {side: html.unescape(re.sub(r"<[^>]+>", "", re.search(rf'data-field="{side}">(.*?)</td>', row, re.S).group(1)))
+            for side in ("a", "b", "delta")}
+    assert cell["a"] == usd_text(a.cost_pico_usd)
+    assert cell["b"] == f"{usd_text(b.cost_pico_usd)} (1 round without a price left out)"
+    assert cell["delta"].endswith("(priced rounds only)")
+
+
 def test_it_redirects_two_ticked_rows_to_a_deep_link(client_in, project):
     a, b = conversation(project, "x", 1), conversation(project, "y", 1)
     response = client_in.get(reverse("web:compare", args=[project.slug]) + f"?c={a.pk}&c={b.pk}")

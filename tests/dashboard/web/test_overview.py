@@ -136,6 +136,33 @@ def test_it_never_shows_an_unpriced_tool_cost_as_zero(client_in, project):
     assert data["tool_cost_usd"][data["starts"].index(HOUR.isoformat())] is None
 
 
+def test_it_says_how_many_calls_the_tool_cost_leaves_out(client_in, project):
+    # 3 of 4 calls are of a model the price table does not know: the figure is the
+    # one priced call's cost, and it says so, never a bare amount that reads as all.
+    from dashboard.tuning.pricing import PriceTable
+    from dashboard.web.costs import usd_text
+
+    unknown = [tool_record("c", at=HOUR + timedelta(minutes=i)) | {"model": "my-own-model"} for i in range(3)]
+    store(project, [round_record("c", 0, model="my-own-model"), tool_record("c"), *unknown])
+    body = client_in.get(reverse("web:overview", args=[project.slug])).content.decode()
+    priced = ToolExecution.objects.filter(project=project, model="gpt-4o")
+    assert priced.count() == 1 and ToolExecution.objects.filter(project=project).count() == 4
+    call = priced.get()
+    expected = PriceTable.load().price_for("gpt-4o", call.occurred_at).cost(call.observation_tokens)
+    assert expected > 0 and value(body, "tool-cost") == usd_text(expected)
+    assert value(body, "tool-cost-left-out") == "(3 calls without a price left out)"
+    assert "1 round and 3 tool calls in this range" in value(body, "series-left-out")
+
+
+def test_it_counts_every_call_of_an_unpriced_tool_cost(client_in, project):
+    from dashboard.tuning.models import PriceRule
+
+    PriceRule.objects.all().delete()
+    store(project, [tool_record("c"), tool_record("c", at=HOUR + timedelta(minutes=1))])
+    body = client_in.get(reverse("web:overview", args=[project.slug])).content.decode()
+    assert value(body, "tool-cost") == "no price" and value(body, "tool-cost-left-out") == "(2 calls)"
+
+
 def test_it_escapes_a_hostile_model_name_in_the_cost_table(client_in, project):
     from tests.dashboard.web.pages_factories import round_record
 
