@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Optional
 
-from django.db.models import Sum
+from django.db.models import Min, Sum
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.models import ToolHourlyRollup, UsageHourlyRollup
@@ -105,6 +105,14 @@ def cost_totals(project: Project, *, since: datetime) -> CostTotals:
         unpriced_calls=(tool_cost["calls"] or 0) - (tool_cost["priced"] or 0),
         by_model=by_model,
     )
+
+
+def first_activity(project: Project, *, since: datetime) -> Optional[datetime]:
+    """The first hour from ``since`` on in which a conversation started or a tool
+    was called (the hours the overview's figures are read from); None: none."""
+    firsts = [model.objects.filter(project=project, hour__gte=since).aggregate(first=Min("hour"))["first"]
+              for model in (UsageHourlyRollup, ToolHourlyRollup)]
+    return min((hour for hour in firsts if hour is not None), default=None)
 
 
 def _observation_tokens(sums: dict[str, Any]) -> int:
