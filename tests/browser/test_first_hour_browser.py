@@ -131,3 +131,26 @@ def test_the_overview_opens_on_the_range_that_holds_the_data(page, live_server, 
     expect(page.get_by_test_id("range-why")).to_have_text("24h: the smallest range that holds the data")
     page.wait_for_function("document.querySelector('canvas[data-chart=\"usage\"]').dataset.drawn === '1'")
     assert_fits(page, "overview")
+
+
+def test_search_reads_what_was_said_unless_asked_for_more(page, live_server, seeded):
+    from tests.dashboard.web.pages_factories import message_record, round_record, store
+
+    prompt = "You are a business analyst. Skills: revenue reports."
+    for external_id, text in [("said-revenue", "What was revenue in March?"), ("said-hello", "Hello there")]:
+        store(seeded, [round_record(external_id, 0, user_message=text),
+                       message_record(external_id, 0, "system", prompt), message_record(external_id, 1, "user", text)])
+    base = live_server.url
+    log_in(page, base)
+    page.goto(f"{base}/p/{seeded.slug}/conversations/")
+    table = page.get_by_test_id("conversation-table")
+    page.locator("[data-search]").fill("revenue")
+    page.get_by_role("button", name="Filter").click()
+    expect(table).to_contain_text("said-revenue")
+    expect(table).not_to_contain_text("said-hello")  # "revenue" is only in its system prompt
+    assert_fits(page, "search")
+    page.get_by_label("also system and tool text").check()
+    page.get_by_role("button", name="Filter").click()
+    expect(table).to_contain_text("said-hello")
+    expect(page.get_by_label("also system and tool text")).to_be_checked()
+    assert_fits(page, "search everywhere")

@@ -45,7 +45,7 @@ def _list_context(request: HttpRequest, project: Project) -> tuple[dict, int]:
     try:
         page = conversation_page(
             qs, sort=data["sort"] or "-last_activity_at", after=data["after"], before=data["before"],
-            q=data["q"].strip(),
+            q=data["q"].strip(), all_text=data["all_text"],
         )
     except BadCursor:
         form.add_error(None, "That page link is not valid any more; start from the first page.")
@@ -102,7 +102,7 @@ def conversation_export(request: HttpRequest, project: Project) -> HttpResponse:
     qs = filtered_conversations(form, project)
     q = form.cleaned_data["q"].strip()
     if q:
-        qs = qs.filter(conversation_text_match(q))
+        qs = qs.filter(conversation_text_match(q, all_text=form.cleaned_data["all_text"]))
     rows = ordered_conversations(qs, form.cleaned_data["sort"] or "-last_activity_at").values_list(*EXPORT_COLUMNS)
     header = [("cost_usd" if name == "cost_pico_usd" else name) for name in EXPORT_COLUMNS]
     cost_at = EXPORT_COLUMNS.index("cost_pico_usd")
