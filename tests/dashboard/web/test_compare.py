@@ -101,6 +101,15 @@ def test_it_says_which_rounds_a_cost_leaves_out(client_in, project):
     assert cell["delta"].endswith("(priced rounds only)")
 
 
+def test_it_refuses_to_compare_a_conversation_with_itself(client_in, project, other_project):
+    a = conversation(project, "alone", 1)
+    response = client_in.get(compare_url(project, a, a))
+    assert response.status_code == 400 and b"two different conversations" in response.content
+    assert b'data-testid="compare-problem"' in response.content and b"compare-rows" not in response.content
+    theirs = conversation(other_project, "theirs", 1)  # says nothing of another project's ids
+    assert client_in.get(compare_url(project, theirs, theirs)).status_code == 400
+
+
 def test_it_redirects_two_ticked_rows_to_a_deep_link(client_in, project):
     a, b = conversation(project, "x", 1), conversation(project, "y", 1)
     response = client_in.get(reverse("web:compare", args=[project.slug]) + f"?c={a.pk}&c={b.pk}")
@@ -128,7 +137,8 @@ def test_it_escapes_what_agents_wrote(client_in, project):
     store(project, [round_record("evil", 0, user_message=evil, final_answer=evil),
                     tool_record("evil", round_id="evil-r0", parameters={"q": evil}, tool=evil)])
     a = Conversation.objects.get(external_id="evil")
-    body = client_in.get(compare_url(project, a, a)).content.decode()
+    b = conversation(project, "plain", 1)
+    body = client_in.get(compare_url(project, a, b)).content.decode()
     assert evil not in body and "&lt;script&gt;" in body
 
 
