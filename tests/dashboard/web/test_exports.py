@@ -4,6 +4,7 @@ no formula a spreadsheet would run."""
 from __future__ import annotations
 
 import csv
+import html
 import io
 import re
 from datetime import timedelta
@@ -47,6 +48,16 @@ def test_it_exports_the_filtered_list_in_its_order_with_the_pages_numbers(client
         assert int(row["tool_calls"]) == conversation.tool_calls and int(row["errors"]) == conversation.errors
         assert usd_text(None if row["cost_usd"] == "" else round(float(row["cost_usd"]) * 10**12)) == shown.strip()
     assert next(r for r in rows if r["external_id"] == "c")["cost_usd"] == ""  # no price: empty, never 0
+
+
+def test_it_exports_the_title_the_list_shows(client_in, filled):
+    Conversation.objects.filter(external_id="c").update(title="")  # known from spans only: no user message
+    page = client_in.get(reverse("web:conversations", args=[filled.slug]) + "?sort=started_at").content.decode()
+    shown = [html.unescape(t) for t in re.findall(r'<td><a href="[^"]*">([^<]*)</a>', page)]
+    rows = read_csv(client_in.get(reverse("web:conversations_export", args=[filled.slug]) + "?sort=started_at"))
+    assert [r["title"] for r in rows] == shown
+    assert next(r for r in rows if r["external_id"] == "c")["title"] == "c"
+    assert next(r for r in rows if r["external_id"] == "a")["title"] == Conversation.objects.get(external_id="a").title
 
 
 def test_it_applies_the_lists_filters(client_in, filled):
