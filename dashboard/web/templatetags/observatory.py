@@ -159,6 +159,14 @@ def cost(pico: Any, left_out: Any = 0, noun: str = "round", testid: str = "") ->
 
 
 @register.filter
+def round_number(index: Any) -> Any:
+    """A round's number as people count it (from 1; the stored index counts from 0)."""
+    from ..selectors.timeline import round_number as number
+
+    return number(index)
+
+
+@register.filter
 def signed(value: Any) -> str:
     """A delta with its sign: '+12', '−3', '0'; None as '—'."""
     if value is None or value == "":

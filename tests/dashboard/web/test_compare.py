@@ -60,6 +60,14 @@ def test_it_aligns_rounds_and_marks_what_differs(client_in, project):
     assert '"strategy": "summarize"' in html.unescape(body)  # the compression's config is shown
 
 
+def test_it_numbers_rounds_from_one_and_links_them(client_in, project):
+    a, b = conversation(project, "num-a", 2), conversation(project, "num-b", 2)
+    body = client_in.get(compare_url(project, a, b)).content.decode()
+    link = reverse("web:conversation", args=[project.slug, a.pk])
+    assert f'<a href="{link}#round-1">round 1</a>' in body and f'<a href="{link}#round-2">round 2</a>' in body
+    assert "round 0" not in body
+
+
 def test_it_marks_nothing_for_two_identical_runs(client_in, project):
     a, b = conversation(project, "same-a", 2), conversation(project, "same-b", 2)
     body = client_in.get(compare_url(project, a, b)).content.decode()
