@@ -75,12 +75,17 @@ class Scenario:
     rounds: list[RoundScript]
 
 
-def last_artifact_id(observations: list[str]) -> str:
+def newest_match(observations: list[str], pattern: "re.Pattern[str]", default: str, group: int = 0) -> str:
+    """``pattern``'s match (``group``) in the newest observation that has one."""
     for text in reversed(observations):
-        found = _ARTIFACT.search(text)
+        found = pattern.search(text)
         if found:
-            return found.group(0)
-    return "artifact_0000000000000000"
+            return found.group(group)
+    return default
+
+
+def last_artifact_id(observations: list[str]) -> str:
+    return newest_match(observations, _ARTIFACT, "artifact_0000000000000000")
 
 
 class ScriptedModel:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from .model import Call, RoundScript, Scenario, last_artifact_id
+from .model import Call, RoundScript, Scenario, last_artifact_id, newest_match
 
 REVENUE_BY_REGION = (
     "SELECT region, ROUND(SUM(revenue), 2) AS revenue, "
@@ -58,11 +58,7 @@ def _first_rows(observations: list[str]) -> str:
 
 def _calculated(observations: list[str]) -> str:
     """The calculator's result in the newest observation that has one."""
-    for text in reversed(observations):
-        found = _RESULT.search(text)
-        if found:
-            return found.group(1)
-    return "?"
+    return newest_match(observations, _RESULT, "?", group=1)
 
 
 def _leader(observations: list[str]) -> dict[str, object]:

@@ -7,24 +7,17 @@ for console errors. Skipped unless OBSERVATORY_BROWSER_TESTS=1 (deploy/test.sh s
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-if os.environ.get("OBSERVATORY_BROWSER_TESTS") != "1":
-    pytest.skip("browser tests: set OBSERVATORY_BROWSER_TESTS=1", allow_module_level=True)
+# Importing the pages' browser tests skips this module with them (unless
+# OBSERVATORY_BROWSER_TESTS=1); their fixtures serve here too.
+from tests.browser import test_pages_browser as pages_browser
+from tests.browser.test_pages_browser import TRACE, ConsoleWatch, conversation_url, log_in
 
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-from playwright.sync_api import Page, expect  # noqa: E402
-
-from tests.browser import test_pages_browser as pages_browser  # noqa: E402
-from tests.browser.test_pages_browser import TRACE, ConsoleWatch, conversation_url, log_in  # noqa: E402
+from playwright.sync_api import Page, expect  # noqa: E402  (after the skip)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-browser = pages_browser.browser
-insecure_cookies = pages_browser.insecure_cookies
-seeded = pages_browser.seeded
+browser, insecure_cookies, seeded = pages_browser.browser, pages_browser.insecure_cookies, pages_browser.seeded
 WIDTHS = [1400, 390]
 
 # The elements that stick out past the right edge of the screen, outermost first
