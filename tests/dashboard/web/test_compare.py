@@ -114,8 +114,8 @@ def test_it_refuses_to_compare_a_conversation_with_itself(client_in, project, ot
     response = client_in.get(compare_url(project, a, a))
     assert response.status_code == 400 and b"two different conversations" in response.content
     assert b'data-testid="compare-problem"' in response.content and b"compare-rows" not in response.content
-    theirs = conversation(other_project, "theirs", 1)  # says nothing of another project's ids
-    assert client_in.get(compare_url(project, theirs, theirs)).status_code == 400
+    theirs = conversation(other_project, "theirs", 1)  # another project's: 404, as on its own page
+    assert client_in.get(compare_url(project, theirs, theirs)).status_code == 404
 
 
 def test_it_redirects_two_ticked_rows_to_a_deep_link(client_in, project):
