@@ -132,8 +132,9 @@ def demo_setup(*, project: Project) -> list[str]:
             defaults={"input_usd_per_million": input_price, "output_usd_per_million": output_price,
                       "source": DEMO_PRICE_SOURCE},
         )
-        done.append(f"price of {model}: ${rule.input_usd_per_million} in / ${rule.output_usd_per_million} out "
-                    f"per million tokens ({'added' if created else 'kept'})")
+        done.append(f"price of {model}: ${Decimal(rule.input_usd_per_million):,.2f} in / "
+                    f"${Decimal(rule.output_usd_per_million):,.2f} out per million tokens "
+                    f"({'added' if created else 'kept'})")
         if created:
             prices_changed(patterns=[model])
         changed = False
@@ -144,6 +145,8 @@ def demo_setup(*, project: Project) -> list[str]:
             )
             compression_profile_activate(profile=profile)
             done.append(f"compression profile {profile.name!r}: added and active")
+        else:
+            done.append("compression profiles: the project has its own, kept")
         for tool, level in DEMO_TOOL_LEVELS.items():
             cache = TOOL_SETTINGS.get(tool, {}).get("cache_policy")
             _, added = ToolOutputPolicy.objects.get_or_create(

@@ -41,7 +41,7 @@ def test_it_prices_the_demo_model(project, django_capture_on_commit_callbacks):
     assert Conversation.objects.get(external_id="before").cost_pico_usd is None
     with django_capture_on_commit_callbacks(execute=True):
         said = seed(project)
-    assert f"price of {MODEL}" in said
+    assert f"price of {MODEL}: $3.00 in / $15.00 out per million tokens (added)" in said
     store(project, [round_record("after", 0, model=MODEL)])
     price = PriceTable.load().price_for(MODEL, Conversation.objects.get(external_id="after").started_at)
     for external_id in ("before", "after"):  # re-priced, and priced as it arrives
@@ -71,7 +71,7 @@ def test_it_changes_nothing_on_a_second_run_or_after_an_edit(project):
     PriceRule.objects.filter(pattern=MODEL).update(input_usd_per_million=7)
     revision = ConfigRevision.objects.get(project=project).revision
     said = seed(project)
-    assert "kept" in said and "added" not in said
+    assert said.count("kept") == 3 and "added" not in said and "$7.00 in" in said
     assert CompressionProfile.objects.get(project=project).config["keep_recent"] == 9
     assert PriceRule.objects.get(pattern=MODEL).input_usd_per_million == 7
     assert ToolOutputPolicy.objects.filter(project=project).count() == 1
