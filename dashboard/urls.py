@@ -5,12 +5,11 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from dashboard.accounts.forms import ThrottledAdminAuthenticationForm
-from dashboard.accounts.views import LoginView
+from dashboard.accounts.views import LoginView, admin_login_throttled
 from dashboard.api import api
 from dashboard.ingest import otlp_views
 
-admin.site.login_form = ThrottledAdminAuthenticationForm  # the admin's log-in is throttled too
+admin_login_throttled(admin.site)  # the admin's log-in shares the pages' throttle and its 429
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -89,6 +89,9 @@ sys.exit(0 if Project.objects.filter(slug='demo').exists() else 1)" >/dev/null 2
 else
   "$PY" manage.py createproject demo --slug demo --member "$user"
 fi
+# A price for the demo's model (else every cost reads "no price"), and a compression profile and a
+# tool output policy fitted to its window when the project has none (Admin > Tuning).
+"$PY" manage.py seed_demo demo | sed 's/^/  /'
 api_key=$("$PY" manage.py createapikey demo --name "demo-$(date +%Y%m%d-%H%M%S)" 2>/dev/null)
 
 echo "== server on $base (log: $data_dir/server.log)"

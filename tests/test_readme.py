@@ -44,3 +44,21 @@ def test_it_runs_the_library_example_against_a_live_dashboard(live_server, api_k
     assert execution.conversation.external_id == "conv-42"
     span = Span.objects.get(project=project, name="execute_tool query_sales")
     assert span.attributes["gen_ai.tool.call.id"] == "toolu_01"
+
+
+@pytest.mark.parametrize("name", ["DEMO_PORT", "DEMO_GRPC_PORT", "DEMO_OTLP_HTTP_PORT", "OBSERVATORY_DATA_DIR"])
+def test_it_says_how_to_move_the_demo_to_other_ports_and_data(name):
+    demo = (ROOT / "deploy" / "demo.sh").read_text()
+    assert "${" + name + ":-" in demo  # the variable the README names is the one the script reads
+    command = re.search(r"```bash\n(DEMO_PORT=.*?)```", README, re.S).group(1)
+    assert re.search(rf"\b{name}=\S+", command) and command.strip().endswith("./deploy/demo.sh")
+
+
+def test_its_exporter_example_sends_gzip_and_names_the_limit():
+    from django.conf import settings
+
+    section = README.split("## Send spans and logs", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    assert re.search(r"^export OTEL_EXPORTER_OTLP_COMPRESSION=gzip\b", block, re.M)
+    limit = re.search(r"COMPRESSION=gzip\s+# a body over (\d+) MiB as sent is refused \(413\)", block).group(1)
+    assert int(limit) * 1024 * 1024 == settings.OBSERVATORY_MAX_BODY_BYTES

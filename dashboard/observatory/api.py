@@ -39,6 +39,7 @@ class ConversationFilters(Schema):
     has_errors: Optional[bool] = None
     tool: Optional[str] = Field(default=None, max_length=200)
     q: Optional[str] = Field(default=None, max_length=200)
+    all_text: bool = False  # q also in system, tool and meta messages, not only user and assistant text
     order: Literal["recent", "oldest", "started", "tokens", "errors"] = "recent"
     page: int = Field(default=1, ge=1, le=100_000)
 
@@ -188,7 +189,7 @@ def list_conversations(request: HttpRequest, slug: str, filters: Query[Conversat
     if filters.q:
         # The pages search a bounded window per keyset page; with offset paging a
         # rare term makes this look through all of the project's conversations.
-        queryset = queryset.filter(selectors.conversation_text_match(filters.q))
+        queryset = queryset.filter(selectors.conversation_text_match(filters.q, all_text=filters.all_text))
     queryset = selectors.ordered_conversations(queryset, ORDERS[filters.order])
     start = (filters.page - 1) * PAGE_SIZE
     rows = list(queryset[start : start + PAGE_SIZE + 1])  # one extra row says whether a next page exists

@@ -83,11 +83,23 @@ def conversations_for_project(
     return qs
 
 
-def conversation_text_match(q: str) -> Q:
-    """Conversations whose title, id, round texts or message texts contain q.
+# What a text search reads by default: what the user and the model said. A system
+# prompt or a skill's injected instructions (meta messages) are the same in every
+# conversation of an agent, so a word in them would match them all; tool results
+# are data, not the conversation. ``all_text`` adds both.
+SEARCHED_ROLES = ("user", "assistant")
+
+
+def conversation_text_match(q: str, *, all_text: bool = False) -> Q:
+    """Conversations whose title, id, round texts (user message, final answer) or
+    user and assistant messages contain q; with ``all_text`` also system, tool and
+    meta messages.
 
     Costs a look at every candidate's texts: callers bound the candidates (the
     pages search a window of the list at a time)."""
+    messages = Message.objects.filter(conversation=OuterRef("pk"), content__icontains=q)
+    if not all_text:
+        messages = messages.filter(role__in=SEARCHED_ROLES, is_meta=False)
     return (
         Q(title__icontains=q)
         | Q(external_id=q)
@@ -96,7 +108,7 @@ def conversation_text_match(q: str) -> Q:
                 Q(user_message__icontains=q) | Q(final_answer__icontains=q)
             )
         )
-        | Exists(Message.objects.filter(conversation=OuterRef("pk"), content__icontains=q))
+        | Exists(messages)
     )
 
 

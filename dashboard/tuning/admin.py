@@ -28,7 +28,11 @@ from pipeline import ContextCompressionConfig
 
 from .models import CompressionProfile, EncoderRule, PriceRule, RetentionPolicy, ToolOutputPolicy
 from .preview import compression_preview
-from .services import compression_profile_activate, config_revision_bump
+from .services import compression_profile_activate, config_revision_bump, prices_changed
+
+
+PREVIEW_CANDIDATES = 200  # the latest conversations the preview's suggestions are picked from
+PREVIEW_SUGGESTIONS = 20
 
 
 class _ConfigAdmin(ProjectScopedAdmin):
@@ -117,15 +121,26 @@ class CompressionProfileAdmin(_ConfigAdmin):
     ) -> HttpResponse:
         if request.method == "POST" and "_preview" in request.POST:
             return self._preview(request, object_id, form_url)
-        extra_context = {**(extra_context or {}), "preview_form": PreviewForm(),
-                         "preview_conversations": self._recent_conversations(request)}
+        profile = self.get_object(request, unquote(object_id)) if object_id else None
+        suggestions = self._preview_conversations(request, profile.project_id if profile else None)
+        # Prefilled with the conversation a compression changes most, so Preview shows
+        # an effect on the first press (a short conversation compresses to itself).
+        initial = {"preview_conversation": suggestions[0].external_id} if suggestions else {}
+        extra_context = {**(extra_context or {}), "preview_form": PreviewForm(initial=initial),
+                         "preview_conversations": suggestions}
         return super().changeform_view(request, object_id, form_url, extra_context)
 
-    def _recent_conversations(self, request: HttpRequest) -> list[Conversation]:
+    def _preview_conversations(self, request: HttpRequest, project_id: Optional[int] = None) -> list[Conversation]:
+        """Of the latest conversations, those whose context grew largest first."""
         qs = Conversation.objects.all()
         if not request.user.is_superuser:
             qs = qs.filter(project__in=projects_for_user(request.user))
-        return list(qs.order_by("-last_activity_at").only("id", "external_id", "title", "project_id")[:20])
+        if project_id is not None:
+            qs = qs.filter(project_id=project_id)
+        latest = list(qs.order_by("-last_activity_at")
+                      .only("id", "external_id", "title", "project_id", "max_context_tokens")[:PREVIEW_CANDIDATES])
+        latest.sort(key=lambda c: c.max_context_tokens or 0, reverse=True)
+        return latest[:PREVIEW_SUGGESTIONS]
 
     def _preview(self, request: HttpRequest, object_id: Optional[str], form_url: str) -> HttpResponse:
         """Validate the edited profile and run compression with it; save nothing."""
@@ -180,7 +195,7 @@ class CompressionProfileAdmin(_ConfigAdmin):
             "errors": helpers.AdminErrorList(form, []),
             "preserved_filters": self.get_preserved_filters(request),
             "preview_form": preview_form,
-            "preview_conversations": self._recent_conversations(request),
+            "preview_conversations": self._preview_conversations(request, obj.project_id if obj else None),
             "preview": preview,
         }
         request.current_app = self.admin_site.name
@@ -239,23 +254,14 @@ class PriceRuleAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: PriceRule, form: Any, change: bool) -> None:
         before = PriceRule.objects.filter(pk=obj.pk).values_list("pattern", flat=True).first() if change else None
         super().save_model(request, obj, form, change)
-        _reprice_after_commit([before, obj.pattern])
+        prices_changed(patterns=[before, obj.pattern])
 
     def delete_model(self, request: HttpRequest, obj: PriceRule) -> None:
         pattern = obj.pattern
         super().delete_model(request, obj)
-        _reprice_after_commit([pattern])
+        prices_changed(patterns=[pattern])
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
         patterns = list(queryset.values_list("pattern", flat=True))
         super().delete_queryset(request, queryset)
-        _reprice_after_commit(patterns)
-
-
-def _reprice_after_commit(patterns: list[Optional[str]]) -> None:
-    from django.db import transaction
-
-    from dashboard.observatory.derive.reprice import costs_reprice
-
-    wanted = sorted({p for p in patterns if p})
-    transaction.on_commit(lambda: costs_reprice(patterns=wanted), robust=True)
+        prices_changed(patterns=patterns)

@@ -18,7 +18,7 @@ from django.utils import timezone
 from dashboard.accounts.models import Project
 from pipeline import OutputLevel, ToolCachePolicy
 
-from .patterns import literal_part, match_rank, normalized
+from .patterns import match_rank, normalized
 
 
 def _payload_accepts(name: str, values: dict[str, Any], field: str) -> None:
@@ -208,17 +208,12 @@ class PriceRule(models.Model):
                 f"per 1M from {self.effective_from}")
 
     def clean(self) -> None:
-        from pipeline import ModelEncoderRegistry, ModelFamily
-
+        # Any model name or pattern: a gateway's alias, a fine-tune, a self-hosted
+        # model or the demo's scripted one has a price as much as a vendor's model
+        # (a narrower pattern still wins over a wide one such as "*").
         self.pattern = normalized(self.pattern or "")
-        literal = literal_part(self.pattern)
-        # The pipeline's family detection decides what a known model is: a rule
-        # for a name it cannot place ("*", "foo*") would price models nobody meant.
-        if not literal or ModelEncoderRegistry().detect_model_family(literal) == ModelFamily.CUSTOM:
-            raise ValidationError({"pattern": (
-                f"unknown model {self.pattern!r}: name a model of a family the pipeline knows "
-                "(claude, gpt/o-series, gemini, glm, qwen, llama, mistral, deepseek), e.g. gpt-4o*"
-            )})
+        if not self.pattern:
+            raise ValidationError({"pattern": "name a model, or a wildcard such as gpt-4o* or *"})
         for field in ("input_usd_per_million", "output_usd_per_million"):
             value = getattr(self, field)
             if value is not None and (value < 0 or value > Decimal("100000")):

@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import Any
+from datetime import date
+from decimal import Decimal
+from typing import Any, Optional
 
 from django.db import transaction
 from django.db.models import F
@@ -16,7 +18,7 @@ from dashboard.accounts.models import Project
 from pipeline import ConfigPayload, ModelFamily
 from pydantic import ValidationError
 
-from .models import CompressionProfile, ConfigRevision, EncoderRule, ToolOutputPolicy
+from .models import CompressionProfile, ConfigRevision, EncoderRule, PriceRule, ToolOutputPolicy
 from .patterns import best_match
 
 logger = logging.getLogger(__name__)
@@ -92,3 +94,67 @@ def compression_profile_activate(*, profile: CompressionProfile) -> CompressionP
         profile.save(update_fields=["is_active", "updated_at"])
     config_revision_bump(project=profile.project)
     return profile
+
+
+def prices_changed(*, patterns: list[Optional[str]]) -> None:
+    """After price rules with these patterns were saved or deleted: re-price, once
+    the change is committed, what the old and new patterns match."""
+    from dashboard.observatory.derive.reprice import costs_reprice
+
+    wanted = sorted({p for p in patterns if p})
+    transaction.on_commit(lambda: costs_reprice(patterns=wanted), robust=True)
+
+
+# The demo's price: its scripted model is nobody's product, so the price is made
+# up (a mid-range list price), only so that every cost page shows figures.
+DEMO_PRICE_USD_PER_MILLION = (Decimal("3"), Decimal("15"))
+DEMO_PRICE_SOURCE = "made up for the demo's scripted model (manage.py seed_demo)"
+DEMO_PRICE_FROM = date(2020, 1, 1)
+DEMO_TOOL_LEVELS = {"query_database": "standard"}  # a preview of rows; FULL only when a call asks, as an artifact
+
+
+def demo_setup(*, project: Project) -> list[str]:
+    """What the demo needs beside its conversations, so the first look shows every
+    page at work: a price for the demo's model (without one every cost reads "no
+    price"), and, when the project has none yet, a compression profile and a tool
+    output policy fitted to that model's small window (without them Tuning starts
+    empty and a preview on a demo conversation changes nothing). Run again, it
+    changes nothing anyone has edited since. Returns what it did, one line each."""
+    from pipeline.demo.agent import DEFAULT_CONTEXT_WINDOW, TOOL_SETTINGS, demo_compression_config
+    from pipeline.demo.model import ScriptedModel
+
+    model = ScriptedModel.name
+    done: list[str] = []
+    input_price, output_price = DEMO_PRICE_USD_PER_MILLION
+    with transaction.atomic():
+        rule, created = PriceRule.objects.get_or_create(
+            pattern=model, effective_from=DEMO_PRICE_FROM,
+            defaults={"input_usd_per_million": input_price, "output_usd_per_million": output_price,
+                      "source": DEMO_PRICE_SOURCE},
+        )
+        done.append(f"price of {model}: ${Decimal(rule.input_usd_per_million):,.2f} in / "
+                    f"${Decimal(rule.output_usd_per_million):,.2f} out per million tokens "
+                    f"({'added' if created else 'kept'})")
+        if created:
+            prices_changed(patterns=[model])
+        changed = False
+        if not CompressionProfile.objects.filter(project=project).exists():
+            profile = CompressionProfile.objects.create(
+                project=project, name=f"{model}, {DEFAULT_CONTEXT_WINDOW:,}-token window",
+                config=demo_compression_config(DEFAULT_CONTEXT_WINDOW).to_dict(),
+            )
+            compression_profile_activate(profile=profile)
+            done.append(f"compression profile {profile.name!r}: added and active")
+        else:
+            done.append("compression profiles: the project has its own, kept")
+        for tool, level in DEMO_TOOL_LEVELS.items():
+            cache = TOOL_SETTINGS.get(tool, {}).get("cache_policy")
+            _, added = ToolOutputPolicy.objects.get_or_create(
+                project=project, tool_name=tool,
+                defaults={"output_level": level, **({"cache_policy": cache.value} if cache else {})},
+            )
+            changed = changed or added
+            done.append(f"tool output policy for {tool}: {'added' if added else 'kept'}")
+        if changed:
+            config_revision_bump(project=project)
+    return done

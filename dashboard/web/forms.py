@@ -53,6 +53,7 @@ def start_of(value: Optional[date | datetime]) -> Optional[datetime]:
 class ConversationFilterForm(forms.Form):
     q = forms.CharField(required=False, max_length=200, label="Search text",
                         widget=forms.TextInput(attrs={"data-search": "", "placeholder": "press / to search"}))
+    all_text = forms.BooleanField(required=False, label="also system and tool text")
     user = forms.CharField(required=False, max_length=200)
     model = forms.CharField(required=False, max_length=200)
     status = forms.ChoiceField(

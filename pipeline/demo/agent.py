@@ -81,6 +81,15 @@ TOOL_SETTINGS: dict[str, dict[str, Any]] = {
 DEMO_RETRY_POLICY = ToolRetryPolicy(max_retries=2, initial_delay_ms=150, max_delay_ms=1_000, backoff_multiplier=2.0)
 
 
+def demo_compression_config(window: int = DEFAULT_CONTEXT_WINDOW) -> ContextCompressionConfig:
+    """How the demo compresses: summarise past 80% of the window down to half of it,
+    keeping the last four messages. The dashboard's demo setup serves the same
+    config as the project's active compression profile (``manage.py seed_demo``)."""
+    return ContextCompressionConfig(
+        strategy=CompressionMode.SUMMARIZE, max_tokens=window, threshold_ratio=0.8, target_ratio=0.5, keep_recent=4
+    )
+
+
 def _rate_limit(tools: DemoTools) -> None:
     tools.search_faults.fail_next(
         ToolError(ToolErrorType.RATE_LIMIT, "429 Too Many Requests: search quota exceeded, retry later", code="HTTP_429")
@@ -253,9 +262,7 @@ class DemoAgent:
         for name, func in tools.as_dict().items():
             executor.register(name, func, **TOOL_SETTINGS.get(name, {}))
         window = context_window or getattr(model, "context_window", None) or DEFAULT_CONTEXT_WINDOW
-        config = compression or ContextCompressionConfig(
-            strategy=CompressionMode.SUMMARIZE, max_tokens=window, threshold_ratio=0.8, target_ratio=0.5, keep_recent=4
-        )
+        config = compression or demo_compression_config(window)
         context_manager = AdvancedContextManager(config, token_counter=counter, model=model.name)
         activator = SkillActivator(SkillLoader(skills_dir, token_counter=counter, model=model.name))
         return cls(

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 from .. import ARTIFACT_ID_PATTERN
 
@@ -35,6 +35,16 @@ class AgentModel(Protocol):
     name: str
 
     def respond(self, messages: list[dict[str, Any]]) -> ModelTurn: ...
+
+
+class Observations(list[str]):
+    """What a script's functions read: every tool result the model has read, newest
+    last, and apart (``this_round``) the results of the calls it made in this round
+    that it read (a compression can summarise a result away before it is read)."""
+
+    def __init__(self, seen: Iterable[str] = (), this_round: Iterable[str] = ()) -> None:
+        super().__init__(seen)
+        self.this_round = list(this_round)
 
 
 @dataclass
@@ -65,12 +75,17 @@ class Scenario:
     rounds: list[RoundScript]
 
 
-def last_artifact_id(observations: list[str]) -> str:
+def newest_match(observations: list[str], pattern: "re.Pattern[str]", default: str, group: int = 0) -> str:
+    """``pattern``'s match (``group``) in the newest observation that has one."""
     for text in reversed(observations):
-        found = _ARTIFACT.search(text)
+        found = pattern.search(text)
         if found:
-            return found.group(0)
-    return "artifact_0000000000000000"
+            return found.group(group)
+    return default
+
+
+def last_artifact_id(observations: list[str]) -> str:
+    return newest_match(observations, _ARTIFACT, "artifact_0000000000000000")
 
 
 class ScriptedModel:
@@ -86,6 +101,8 @@ class ScriptedModel:
         self._pending_errors: dict[str, Call] = {}
         self._seed = ""
         self._counter = 0
+        self._seen: dict[str, str] = {}  # the round's observations by tool call, in the order read
+        self._issued: list[str] = []  # the tool call ids this round's turns made
         self.faults: list[str] = []  # faults the environment should arm before the next tool call
 
     def start_round(self, script: RoundScript, *, seed: str) -> None:
@@ -94,16 +111,19 @@ class ScriptedModel:
         self._pending_errors = {}
         self._seed = seed
         self._counter = 0
+        self._seen = {}
+        self._issued = []
 
     def _call_id(self) -> str:
         self._counter += 1
         digest = hashlib.sha256(f"{self._seed}:{self._counter}".encode()).hexdigest()
-        return f"toolu_{digest[:24]}"
+        self._issued.append(f"toolu_{digest[:24]}")
+        return self._issued[-1]
 
     def respond(self, messages: list[dict[str, Any]]) -> ModelTurn:
         if self._script is None:
             raise RuntimeError("start_round() first")
-        observations = [str(m.get("content", "")) for m in messages if m.get("role") == "tool"]
+        observations = self._observations(messages)
         input_tokens = sum(self._estimate(json.dumps(m, ensure_ascii=False, default=str)) for m in messages)
         # React to failures of the previous batch first: that is what a model reads last.
         recovery = self._recovery(messages)
@@ -124,6 +144,16 @@ class ScriptedModel:
                 self._pending_errors[call_id] = call.on_error
         turn.output_tokens = self._estimate(turn.thought + json.dumps(turn.tool_calls, ensure_ascii=False, default=str))
         return turn
+
+    def _observations(self, messages: list[dict[str, Any]]) -> "Observations":
+        """The tool results read so far in this round, newest last: those still in the
+        context, and those a compression has since cut or dropped (the model read them
+        when they arrived, and answers from what it read)."""
+        for position, message in enumerate(messages):
+            if message.get("role") == "tool":
+                key = str(message.get("tool_call_id") or f"#{position}")
+                self._seen.setdefault(key, str(message.get("content", "")))
+        return Observations(self._seen.values(), [self._seen[key] for key in self._issued if key in self._seen])
 
     def _recovery(self, messages: list[dict[str, Any]]) -> Optional[Call]:
         for message in reversed(messages):

@@ -7,31 +7,106 @@ from __future__ import annotations
 import json
 import re
 
-from .model import Call, RoundScript, Scenario, last_artifact_id
+from .model import Call, RoundScript, Scenario, last_artifact_id, newest_match
 
 REVENUE_BY_REGION = (
-    "SELECT region, ROUND(SUM(revenue), 2) AS revenue, COUNT(*) AS orders "
-    "FROM orders GROUP BY region ORDER BY revenue DESC"
+    "SELECT region, ROUND(SUM(revenue), 2) AS revenue, "
+    "ROUND(SUM(SUM(revenue)) OVER (), 2) AS total FROM orders GROUP BY region ORDER BY revenue DESC"
 )
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# The names the Chinese answers give the regions (as the corpus writes them).
+REGION_ZH = {"East": "华东", "South": "华南", "North": "华北", "West": "西部"}
+_ROW = re.compile(r"^\s*- (\{.*\})\s*$", re.MULTILINE)
+_RESULT = re.compile(r'"result": (-?\d+(?:\.\d+)?)')
+_STORED = re.compile(r"Data stored as artifact: (\S+)[\s\S]*?List with (\d+) items")
+
+# Every figure an answer states is read from what the tools returned in this
+# conversation (the observations, newest last), as a model would: never written
+# into the script, so the answer cannot disagree with the query result beside it.
+
+
+def _rows(observations: list[str], key: str) -> list[dict[str, object]]:
+    """The rows with ``key`` of the newest observation that lists any (the
+    STANDARD preview writes one ``- {json}`` line per row it shows)."""
+    for text in reversed(observations):
+        rows = []
+        for line in _ROW.findall(text):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and key in row:
+                rows.append(row)
+        if rows:
+            return rows
+    return []
 
 
 def _first_rows(observations: list[str]) -> str:
-    """A short quote of the newest observation, as a model would paraphrase it."""
+    """The first row of the newest observation, quoted as a model would paraphrase it."""
     text = observations[-1] if observations else ""
+    rows = _ROW.findall(text)
+    if rows:
+        try:
+            row = json.loads(rows[0])
+            if "snippet" in row:  # a search hit: what it says, and where
+                return f"{row['snippet']} ({row.get('title', '')})"[:200]
+            return ", ".join(f"{k} {v}" for k, v in row.items())[:160]
+        except (ValueError, AttributeError, TypeError):
+            return rows[0][:160]
     return text.splitlines()[0][:160] if text else "no data"
 
 
-def _numbers(observations: list[str]) -> list[float]:
-    return [float(n) for n in _NUMBER.findall(observations[-1])] if observations else []
+def _calculated(observations: list[str]) -> str:
+    """The calculator's result in the newest observation that has one."""
+    return newest_match(observations, _RESULT, "?", group=1)
+
+
+def _leader(observations: list[str]) -> dict[str, object]:
+    """The region with the most revenue in the region query's result."""
+    rows = _rows(observations, "region")
+    return max(rows, key=lambda row: float(row.get("revenue") or 0)) if rows else {"region": "?", "revenue": 0}
 
 
 def _share_expression(observations: list[str]) -> dict[str, str]:
-    # Region revenues from the STANDARD preview of the previous query result.
-    values = [float(v) for v in re.findall(r"'revenue': ([0-9.]+)", "\n".join(observations))][:4]
-    if len(values) < 2:
-        values = [1.0, 1.0]
-    return {"expression": f"round({values[0]} / ({' + '.join(str(v) for v in values)}) * 100, 1)"}
+    # The leading region's revenue over the total of every region (the query's
+    # all_regions column: its preview shows three of the four regions).
+    leader = _leader(observations)
+    return {"expression": f"round({leader['revenue']} / {leader.get('total', 0)} * 100, 1)"}
+
+
+def _review(observations: list[str]) -> str:
+    """The quarterly review from the two queries' results; a result the model saw
+    only as a count (BRIEF, when the context is nearly full) gives no figure."""
+    leader = _leader(observations)
+    categories = _rows(observations, "category")  # ordered by revenue, largest first
+    lines = [f"Quarterly review: {leader['region']} leads revenue ({float(leader['revenue']):,.2f})"]
+    if categories:
+        lines.append(f"{categories[0]['category']} is the largest category")
+    return "; ".join(lines) + f". Recommended action: stock {leader['region']} ahead of the holiday season."
+
+
+def _led_revenue(observations: list[str]) -> str:
+    leader = _leader(observations)
+    return f"{leader['region']} led revenue last year with {float(leader['revenue']):,.2f}."
+
+
+def _stored(observations: list[str], what: str) -> str:
+    """An answer about a result too large to show: where it is and how many rows."""
+    own = getattr(observations, "this_round", observations)
+    found = _STORED.search(own[-1]) if own else None
+    if found is None:
+        if not own:  # summarised away before it was read: say so, name no figure
+            return f"{what}: the result was summarised before I read it; it is on the tool call above."
+        return f"{what}: {_first_rows(own)}"
+    return f"{what}: {int(found.group(2)):,} rows, stored as {found.group(1)} (preview it on the artifacts page)."
+
+
+def _stored_rows(observations: list[str]) -> str:
+    for text in observations:
+        found = _STORED.search(text)
+        if found:
+            return f"{int(found.group(2)):,}"
+    return "?"
 
 
 def skill(name: str, level: int = 2, thought: str = "") -> Call:
@@ -44,17 +119,18 @@ SCENARIOS: list[Scenario] = [
         RoundScript(
             "Which region had the highest revenue last year?",
             [Call("query_database", {"sql": REVENUE_BY_REGION}, thought="Aggregate revenue by region in SQL.")],
-            lambda obs: f"The East region led revenue last year. {_first_rows(obs)}",
+            _led_revenue,
         ),
         RoundScript(
             "What share of total revenue is that?",
-            [Call("calculator", _share_expression, thought="Compute the East share from the totals.")],
-            lambda obs: f"East brought in about {(_numbers(obs) or [0])[-1]}% of total revenue.",
+            [Call("calculator", _share_expression, thought="The leading region's revenue over all regions' total.")],
+            lambda obs: f"{_leader(obs)['region']} brought in {_calculated(obs)}% of total revenue.",
         ),
         RoundScript(
             "Show me the revenue by region once more, briefly.",
             [Call("query_database", {"sql": REVENUE_BY_REGION}, thought="Same query as before; the cache should answer.")],
-            "Same figures as before: East, South, North, West in that order.",
+            lambda obs: "Same figures as before: " + ", ".join(
+                f"{row['region']} {float(row['revenue']):,.2f}" for row in _rows(obs, "region")) + ".",
         ),
     ]),
     Scenario("zh_region_skill", "zh", [
@@ -63,9 +139,10 @@ SCENARIOS: list[Scenario] = [
             [
                 skill("sales-analysis", thought="这是销售数据问题，先加载 sales-analysis 技能。"),
                 Call("query_database", {"sql": REVENUE_BY_REGION}, thought="按地区汇总销售额。"),
-                Call("calculator", _share_expression, thought="计算华东的占比。"),
+                Call("calculator", _share_expression, thought="计算销售额最高地区的占比。"),
             ],
-            lambda obs: f"华东地区去年销售额最高，约占总销售额的 {(_numbers(obs) or [0])[-1]}%。",
+            lambda obs: (f"{REGION_ZH.get(str(_leader(obs)['region']), _leader(obs)['region'])}地区去年销售额最高，"
+                         f"占总销售额的 {_calculated(obs)}%。"),
         ),
         RoundScript(
             "华东地区的需求为什么增长这么快？",
@@ -75,7 +152,7 @@ SCENARIOS: list[Scenario] = [
                               thought="sales-analysis 技能不允许 vector_search，切换到 market-research 技能。"),
             ),
              Call("vector_search", {"query": "华东地区 需求 增长"}, thought="重新检索。")],
-            lambda obs: f"根据《华东地区需求领跑》：{_first_rows(obs)}",
+            lambda obs: f"根据检索结果：{_first_rows(obs)}",
         ),
     ]),
     Scenario("export_orders", "en", [
@@ -90,7 +167,7 @@ SCENARIOS: list[Scenario] = [
             "How big is that file, roughly?",
             [Call("file_reader", lambda obs: {"name": last_artifact_id(obs)}, thought="Read the artifact back to check it.",
                   output_level="brief")],
-            "It holds every 2025 order, about two megabytes of JSON.",
+            lambda obs: f"It holds {_stored_rows(obs)} orders, every order of 2025, as JSON.",
         ),
     ]),
     Scenario("timeout_then_aggregate", "en", [
@@ -152,8 +229,7 @@ SCENARIOS: list[Scenario] = [
                                                "ON p.id = o.product_id GROUP BY p.category ORDER BY revenue DESC"},
                      thought="Revenue by category."),
             ],
-            "Quarterly review: East leads revenue, West lags; electronics is the largest category. "
-            "Recommended action: move West inventory to the East before the holiday season.",
+            _review,
         ),
     ]),
     Scenario("zh_pricing_policy", "zh", [
@@ -182,7 +258,7 @@ SCENARIOS: list[Scenario] = [
                   {"sql": f"SELECT substr(order_date, 1, 7) AS month, ROUND(SUM(revenue), 2) AS revenue, COUNT(*) AS orders "
                           f"FROM orders WHERE region = '{region}' GROUP BY month ORDER BY month", "limit": 12},
                   thought=f"Monthly totals for {region}.", output_level="full")],
-            lambda obs, region=region: f"{region}: monthly revenue listed above; the peak is in the fourth quarter.",
+            lambda obs, region=region: _stored(obs, f"{region} monthly revenue"),
         )
         for region in ("East", "South", "North", "West")
     ] + [
@@ -192,7 +268,7 @@ SCENARIOS: list[Scenario] = [
                   {"sql": "SELECT c.name, c.region, ROUND(SUM(o.revenue), 2) AS revenue FROM orders o JOIN customers c "
                           "ON c.id = o.customer_id GROUP BY c.id ORDER BY revenue DESC LIMIT 40", "limit": 40},
                   thought="Top customers.", output_level="full")],
-            "Here are the top 40 customers; most are in the East.",
+            lambda obs: _stored(obs, "The top 40 customers by revenue"),
         ),
         RoundScript(
             "Which products sell best in each region?",
@@ -200,7 +276,7 @@ SCENARIOS: list[Scenario] = [
                   {"sql": "SELECT o.region, p.name, SUM(o.quantity) AS units FROM orders o JOIN products p ON p.id = o.product_id "
                           "GROUP BY o.region, p.name ORDER BY o.region, units DESC", "limit": 64},
                   thought="Units by region and product.", output_level="full")],
-            "Laptops and coffee beans top the list in most regions.",
+            lambda obs: _stored(obs, "Units sold by region and product"),
         ),
     ]),
 ]

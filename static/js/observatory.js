@@ -158,7 +158,17 @@
     });
   }
 
+  // On a phone the nav is one row that scrolls by itself: bring the current
+  // section into sight (a no-op when the row fits).
+  function showCurrentSection() {
+    var nav = document.querySelector(".topbar nav");
+    var current = nav && nav.querySelector("a.current");
+    if (!current || nav.scrollWidth <= nav.clientWidth) return;
+    nav.scrollLeft = current.offsetLeft - (nav.clientWidth - current.offsetWidth) / 2;
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    showCurrentSection();
     drawCharts(document);
   });
   document.addEventListener("htmx:afterSettle", function (event) {

@@ -92,6 +92,8 @@ class SummaryItem:
     a: Optional[int]
     b: Optional[int]
     kind: str = "count"  # "count", "usd" (pico) or "ms"
+    a_left_out: int = 0  # usd: the rounds with no price the amount leaves out
+    b_left_out: int = 0
 
     @property
     def delta(self) -> Optional[int]:
@@ -175,7 +177,8 @@ def summary(a: Conversation, b: Conversation) -> list[SummaryItem]:
         SummaryItem("tokens in", a.input_tokens, b.input_tokens),
         SummaryItem("tokens out", a.output_tokens, b.output_tokens),
         SummaryItem("max context", a.max_context_tokens, b.max_context_tokens),
-        SummaryItem("cost", a.cost_pico_usd, b.cost_pico_usd, kind="usd"),
+        SummaryItem("cost", a.cost_pico_usd, b.cost_pico_usd, kind="usd",
+                    a_left_out=a.unpriced_rounds, b_left_out=b.unpriced_rounds),
         SummaryItem("duration", _duration_ms(a), _duration_ms(b), kind="ms"),
         SummaryItem("errors", a.errors, b.errors),
         SummaryItem("retries", a.retries, b.retries),

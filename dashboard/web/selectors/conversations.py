@@ -72,17 +72,19 @@ def conversation_page(
     after: str = "",
     before: str = "",
     q: str = "",
+    all_text: bool = False,
     page_size: int = PAGE_SIZE,
 ) -> ConversationPage:
     """One page of ``qs`` in ``sort`` order (one of the domain's CONVERSATION_ORDERS on
     a date column: the cursor holds a datetime), after or before a cursor,
-    optionally searching text ``q``. Raises BadCursor for a cursor we did not make."""
+    optionally searching text ``q`` (in user and assistant text; with ``all_text``
+    also in system and tool text). Raises BadCursor for a cursor we did not make."""
     field = sort.lstrip("-")
     descending = sort.startswith("-")
     qs = qs.only(*LIST_FIELDS)
     if q:
         return _search_page(qs, q, field=field, sort=sort, descending=descending, after=after,
-                            page_size=page_size)
+                            page_size=page_size, all_text=all_text)
 
     if before:
         cursor = Cursor.decode(before)
@@ -115,6 +117,7 @@ def conversation_page(
 
 def _search_page(
     qs: QuerySet[Conversation], q: str, *, field: str, sort: str, descending: bool, after: str, page_size: int,
+    all_text: bool = False,
 ) -> ConversationPage:
     """Text search over at most SEARCH_WINDOW conversations (in list order, from the
     cursor): a rare term costs one bounded scan per page instead of a scan of every
@@ -123,7 +126,7 @@ def _search_page(
         qs = qs.filter(_beyond(field, Cursor.decode(after), forward=not descending))
     window = ordered_conversations(qs, sort)
     window_ids = window.values("id")[:SEARCH_WINDOW]
-    matches = qs.filter(id__in=window_ids).filter(conversation_text_match(q))
+    matches = qs.filter(id__in=window_ids).filter(conversation_text_match(q, all_text=all_text))
     rows = list(ordered_conversations(matches, sort)[: page_size + 1])
     if len(rows) > page_size:
         rows = rows[:page_size]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Optional
 
-from django.db.models import Sum
+from django.db.models import Min, Sum
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.models import ToolHourlyRollup, UsageHourlyRollup
@@ -75,6 +75,7 @@ class CostTotals:
     cost_pico_usd: Optional[int]
     unpriced_rounds: int
     tool_cost_pico_usd: Optional[int]  # None: no call had a price
+    unpriced_calls: int  # calls left out of tool_cost_pico_usd
     by_model: list[ModelCost]
 
 
@@ -96,13 +97,22 @@ def cost_totals(project: Project, *, since: datetime) -> CostTotals:
     ]
     priced = [m.cost_pico_usd for m in by_model if m.cost_pico_usd is not None]
     tool_cost = ToolHourlyRollup.objects.filter(project=project, hour__gte=since).aggregate(
-        c=Sum("cost_pico_usd"), priced=Sum("priced_calls"))
+        c=Sum("cost_pico_usd"), priced=Sum("priced_calls"), calls=Sum("calls"))
     return CostTotals(
         cost_pico_usd=sum(priced) if priced else None,
         unpriced_rounds=sum(m.unpriced_rounds for m in by_model),
         tool_cost_pico_usd=(tool_cost["c"] or 0) if tool_cost["priced"] else None,
+        unpriced_calls=(tool_cost["calls"] or 0) - (tool_cost["priced"] or 0),
         by_model=by_model,
     )
+
+
+def first_activity(project: Project, *, since: datetime) -> Optional[datetime]:
+    """The first hour from ``since`` on in which a conversation started or a tool
+    was called (the hours the overview's figures are read from); None: none."""
+    firsts = [model.objects.filter(project=project, hour__gte=since).aggregate(first=Min("hour"))["first"]
+              for model in (UsageHourlyRollup, ToolHourlyRollup)]
+    return min((hour for hour in firsts if hour is not None), default=None)
 
 
 def _observation_tokens(sums: dict[str, Any]) -> int:

@@ -20,6 +20,15 @@ from dashboard.observatory.models import (
 )
 
 
+def round_number(index: Any) -> Any:
+    """A round's number as people count: the stored index counts from 0, the pages
+    (headings, anchors, the token budget's axis, compare) from 1."""
+    try:
+        return int(index) + 1
+    except (TypeError, ValueError):
+        return index
+
+
 def conversation_for(project: Project, conversation_pk: int) -> Conversation:
     """The pages address a conversation by its row id (the API by the agent's id)."""
     return get_object_or_404(Conversation, project=project, pk=conversation_pk)
@@ -43,7 +52,7 @@ def token_budget(conversation: Conversation) -> dict[str, list[Any]]:
     labels, context, window, threshold, compressions = [], [], [], [], []
     for round_id, index, reported, derived, model_window, ratio in rows:
         tokens = derived or reported
-        labels.append(index)
+        labels.append(round_number(index))
         context.append(tokens)
         window.append(model_window)
         threshold.append(int(model_window * ratio) if model_window and ratio else None)

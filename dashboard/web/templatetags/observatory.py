@@ -151,6 +151,21 @@ def usd(pico: Any) -> str:
     return usd_text(pico)
 
 
+@register.inclusion_tag("web/partials/cost.html")
+def cost(pico: Any, left_out: Any = 0, noun: str = "round", testid: str = "") -> dict[str, Any]:
+    """An amount with what it left out: '$1.20 (3 calls without a price left out)',
+    'no price (3 rounds)' when nothing had a price, '$1.20' when everything had one."""
+    return {"cost": pico, "left_out": int(left_out or 0), "noun": noun, "testid": testid}
+
+
+@register.filter
+def round_number(index: Any) -> Any:
+    """A round's number as people count it (from 1; the stored index counts from 0)."""
+    from ..selectors.timeline import round_number as number
+
+    return number(index)
+
+
 @register.filter
 def signed(value: Any) -> str:
     """A delta with its sign: '+12', '−3', '0'; None as '—'."""

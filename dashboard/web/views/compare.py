@@ -33,6 +33,8 @@ def compare_conversations(request: HttpRequest, project: Project) -> HttpRespons
         return _refuse(request, project, "Name two conversations: ?a=<id>&b=<id>.")
     # Another project's conversation (or none) is a 404, as on its own page.
     first, second = conversation_for(project, a), conversation_for(project, b)
+    if a == b:  # as the list refuses one row ticked twice: a conversation equals itself
+        return _refuse(request, project, "Name two different conversations: a and b are the same one.")
     comparison = compare(first, second, page=page_number(request))
     if comparison.page > 1 and not comparison.rows:
         raise Http404("no such page of rounds")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Case, Count, F, QuerySet, Sum, When
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 
@@ -45,7 +45,7 @@ def _list_context(request: HttpRequest, project: Project) -> tuple[dict, int]:
     try:
         page = conversation_page(
             qs, sort=data["sort"] or "-last_activity_at", after=data["after"], before=data["before"],
-            q=data["q"].strip(),
+            q=data["q"].strip(), all_text=data["all_text"],
         )
     except BadCursor:
         form.add_error(None, "That page link is not valid any more; start from the first page.")
@@ -102,8 +102,12 @@ def conversation_export(request: HttpRequest, project: Project) -> HttpResponse:
     qs = filtered_conversations(form, project)
     q = form.cleaned_data["q"].strip()
     if q:
-        qs = qs.filter(conversation_text_match(q))
-    rows = ordered_conversations(qs, form.cleaned_data["sort"] or "-last_activity_at").values_list(*EXPORT_COLUMNS)
+        qs = qs.filter(conversation_text_match(q, all_text=form.cleaned_data["all_text"]))
+    # The title as the list shows it: a conversation known only from spans has no
+    # first user message to take one from, and is shown by its external id.
+    shown = qs.annotate(shown_title=Case(When(title="", then=F("external_id")), default=F("title")))
+    columns = tuple("shown_title" if name == "title" else name for name in EXPORT_COLUMNS)
+    rows = ordered_conversations(shown, form.cleaned_data["sort"] or "-last_activity_at").values_list(*columns)
     header = [("cost_usd" if name == "cost_pico_usd" else name) for name in EXPORT_COLUMNS]
     cost_at = EXPORT_COLUMNS.index("cost_pico_usd")
 

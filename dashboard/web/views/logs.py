@@ -29,6 +29,7 @@ def log_list(request: HttpRequest, project: Project) -> HttpResponse:
     return render(
         request,
         "web/logs.html",
-        {"project": project, "nav_section": "conversations", "logs": rows, "next_before": next_before,
-         "trace_id": trace_id, "is_first": before_id is None},
+        {"project": project, "nav_section": "logs", "logs": rows, "next_before": next_before,
+         "trace_id": trace_id, "is_first": before_id is None,
+         "otlp_endpoint": request.build_absolute_uri("/").rstrip("/")},
     )

@@ -10,14 +10,14 @@ from dashboard.accounts.models import Project
 from dashboard.observatory.selectors import recent_failures
 
 from ..access import project_page
-from ..selectors.overview import cost_totals, overview_totals
+from ..selectors.overview import cost_totals, first_activity, overview_totals
 from ..selectors.series import time_series, url_time
-from .ranges import chosen_range
+from .ranges import fitted_range
 
 
 @project_page
 def overview(request: HttpRequest, project: Project) -> HttpResponse:
-    window = chosen_range(request)
+    window = fitted_range(request, lambda since: first_activity(project, since=since))
     conversations = reverse("web:conversations", args=[project.slug])
 
     def bucket_link(start: datetime, end: datetime) -> str:

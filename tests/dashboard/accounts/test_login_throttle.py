@@ -88,8 +88,35 @@ def test_it_throttles_the_admin_login_too(client, django_user_model, limits):
     for _ in range(3):
         _login(client, "root", "wrong", path="/admin/login/")
     response = _login(client, "root", PASSWORD, path="/admin/login/")
-    assert response.status_code == 200  # the admin renders its form again
+    assert response.status_code == 429 and int(response["Retry-After"]) > 500  # as the pages answer
     assert b"Too many failed log-ins" in response.content
+    assert "_auth_user_id" not in client.session
+
+
+def test_the_admin_login_answers_429_to_wrong_passwords_from_a_fresh_address(client, django_user_model, settings):
+    # The settings as shipped: a fresh address is far from its own allowance, so only
+    # the account's count can lock it, after the same number of failures as the pages.
+    django_user_model.objects.create_superuser("root", password=PASSWORD)
+    allowed = settings.OBSERVATORY_LOGIN_MAX_FAILURES_PER_ACCOUNT
+    assert allowed < 7 < settings.OBSERVATORY_LOGIN_MAX_FAILURES_PER_ADDRESS
+    statuses = [_login(client, "root", f"wrong-{n}", address="198.51.100.23", path="/admin/login/").status_code
+                for n in range(7)]
+    assert statuses == [200] * (allowed - 1) + [429] * (7 - allowed + 1)
+    response = _login(client, "root", PASSWORD, address="198.51.100.23", path="/admin/login/")
+    assert response.status_code == 429 and int(response["Retry-After"]) > 0
+    assert "_auth_user_id" not in client.session
+
+
+@pytest.mark.parametrize("fail_on, then_on", [("/admin/login/", "/accounts/login/"),
+                                              ("/accounts/login/", "/admin/login/")])
+def test_the_admin_and_the_pages_share_one_count(client, django_user_model, limits, fail_on, then_on):
+    django_user_model.objects.create_superuser("root", password=PASSWORD)
+    _login(client, "root", "wrong", address="10.2.0.1", path=fail_on)
+    _login(client, "root", "wrong", address="10.2.0.2", path=then_on)
+    assert LoginThrottle.objects.get(scope="account", key="root").failures == 2  # one count, both doors
+    # The third failure, on either page, locks the account on both, from any address.
+    assert _login(client, "root", "wrong", address="10.2.0.3", path=fail_on).status_code == 429
+    assert _login(client, "root", PASSWORD, address="10.2.0.4", path=then_on).status_code == 429
     assert "_auth_user_id" not in client.session
 
 

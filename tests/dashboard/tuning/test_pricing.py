@@ -51,8 +51,18 @@ def test_it_costs_tokens_exactly_in_pico_usd(table_rows):
     assert pico_per_token(Decimal("0.000001")) == 1  # six decimals stay exact
 
 
-@pytest.mark.parametrize("pattern", ["*", "foo*", "acme-large", "   ", "??"])
-def test_it_refuses_a_rule_for_an_unknown_model(pattern):
+@pytest.mark.parametrize("pattern, model", [("*", "anything"), ("foo*", "foo-7b"), ("acme-large", "acme-large"),
+                                            ("??", "o3"), ("Scripted-Analyst-1 ", "scripted-analyst-1")])
+def test_it_takes_a_rule_for_any_model_or_pattern(pattern, model):
+    PriceRule.objects.all().delete()
+    rule = PriceRule(pattern=pattern, input_usd_per_million=1, output_usd_per_million=2, effective_from=date(2025, 1, 1))
+    rule.full_clean()
+    rule.save()
+    assert PriceTable.load().price_for(model, date(2025, 6, 1)).rule_id == rule.pk
+
+
+@pytest.mark.parametrize("pattern", ["", "   "])
+def test_it_refuses_a_rule_that_names_no_model(pattern):
     with pytest.raises(ValidationError) as error:
         PriceRule(pattern=pattern, input_usd_per_million=1, output_usd_per_million=2,
                   effective_from=date(2025, 1, 1)).full_clean()

@@ -60,6 +60,14 @@ def test_it_aligns_rounds_and_marks_what_differs(client_in, project):
     assert '"strategy": "summarize"' in html.unescape(body)  # the compression's config is shown
 
 
+def test_it_numbers_rounds_from_one_and_links_them(client_in, project):
+    a, b = conversation(project, "num-a", 2), conversation(project, "num-b", 2)
+    body = client_in.get(compare_url(project, a, b)).content.decode()
+    link = reverse("web:conversation", args=[project.slug, a.pk])
+    assert f'<a href="{link}#round-1">round 1</a>' in body and f'<a href="{link}#round-2">round 2</a>' in body
+    assert "round 0" not in body
+
+
 def test_it_marks_nothing_for_two_identical_runs(client_in, project):
     a, b = conversation(project, "same-a", 2), conversation(project, "same-b", 2)
     body = client_in.get(compare_url(project, a, b)).content.decode()
@@ -83,6 +91,31 @@ def test_it_summarises_the_stored_totals_with_deltas(client_in, project):
     from dashboard.web.costs import usd_text
 
     assert delta("cost") == "+" + usd_text(b.cost_pico_usd - a.cost_pico_usd)
+
+
+def test_it_says_which_rounds_a_cost_leaves_out(client_in, project):
+    from dashboard.web.costs import usd_text
+
+    a = conversation(project, "priced", 2)
+    store(project, [round_record("half", 0), round_record("half", 1, at=HOUR + timedelta(minutes=1), model="my-own-model")])
+    b = Conversation.objects.get(project=project, external_id="half")
+    assert (a.unpriced_rounds, b.unpriced_rounds) == (0, 1) and b.cost_pico_usd
+    body = client_in.get(compare_url(project, a, b)).content.decode()
+    row = re.search(r'<tr data-summary="cost">(.*?)</tr>', body, re.S).group(1)
+    cell = {side: html.unescape(re.sub(r"<[^>]+>", "", re.search(rf'data-field="{side}">(.*?)</td>', row, re.S).group(1)))
+            for side in ("a", "b", "delta")}
+    assert cell["a"] == usd_text(a.cost_pico_usd)
+    assert cell["b"] == f"{usd_text(b.cost_pico_usd)} (1 round without a price left out)"
+    assert cell["delta"].endswith("(priced rounds only)")
+
+
+def test_it_refuses_to_compare_a_conversation_with_itself(client_in, project, other_project):
+    a = conversation(project, "alone", 1)
+    response = client_in.get(compare_url(project, a, a))
+    assert response.status_code == 400 and b"two different conversations" in response.content
+    assert b'data-testid="compare-problem"' in response.content and b"compare-rows" not in response.content
+    theirs = conversation(other_project, "theirs", 1)  # another project's: 404, as on its own page
+    assert client_in.get(compare_url(project, theirs, theirs)).status_code == 404
 
 
 def test_it_redirects_two_ticked_rows_to_a_deep_link(client_in, project):
@@ -112,7 +145,8 @@ def test_it_escapes_what_agents_wrote(client_in, project):
     store(project, [round_record("evil", 0, user_message=evil, final_answer=evil),
                     tool_record("evil", round_id="evil-r0", parameters={"q": evil}, tool=evil)])
     a = Conversation.objects.get(external_id="evil")
-    body = client_in.get(compare_url(project, a, a)).content.decode()
+    b = conversation(project, "plain", 1)
+    body = client_in.get(compare_url(project, a, b)).content.decode()
     assert evil not in body and "&lt;script&gt;" in body
 
 

@@ -225,3 +225,43 @@ def test_it_keeps_the_search_query_count_flat(client_in, project, django_assert_
     ])
     with django_assert_max_num_queries(8):  # + the saved views
         assert client_in.get(list_url(project, q="nothing matches")).status_code == 200
+
+
+@pytest.fixture
+def said_where(project):
+    """'revenue' said by the user, by the model, and only in a system prompt, a tool
+    result or a skill's injected (meta) instructions."""
+    prompt = "You are a business analyst. Skills: revenue reports."  # every conversation's system prompt
+    records = []
+    for external_id, role, text, extra in [
+        ("by-user", "user", "What was revenue in March?", {}),
+        ("by-model", "assistant", "March revenue was 12.", {}),
+        ("in-tool", "tool", '{"revenue": 12}', {"tool_call_id": "call_1"}),
+        ("in-meta", "user", "Use the revenue skill's steps.", {"is_meta": True}),
+        ("in-prompt", "user", "Hello there", {}),
+    ]:
+        records += [round_record(external_id, 0, user_message="a question", final_answer="an answer"),
+                    message_record(external_id, 0, "system", prompt), message_record(external_id, 1, role, text, **extra)]
+    store(project, records)
+    return project
+
+
+def test_it_searches_what_the_user_and_the_model_said(client_in, said_where):
+    assert sorted(external_ids(client_in.get(list_url(said_where, q="revenue")))) == ["by-model", "by-user"]
+    everywhere = client_in.get(list_url(said_where, q="revenue", all_text="on"))
+    assert sorted(external_ids(everywhere)) == ["by-model", "by-user", "in-meta", "in-prompt", "in-tool"]
+    assert 'name="all_text"' in everywhere.content.decode() and "checked" in everywhere.content.decode()
+
+
+def test_it_exports_and_answers_the_api_with_the_same_search(client_in, said_where):
+    import csv
+    import io
+
+    export = reverse("web:conversations_export", args=[said_where.slug])
+    for params, expected in [("?q=revenue", ["by-model", "by-user"]),
+                             ("?q=revenue&all_text=on", ["by-model", "by-user", "in-meta", "in-prompt", "in-tool"])]:
+        body = b"".join(client_in.get(export + params).streaming_content).decode()
+        assert sorted(r["external_id"] for r in csv.DictReader(io.StringIO(body))) == expected
+    api = f"/api/v1/projects/{said_where.slug}/conversations"
+    assert sorted(c["external_id"] for c in client_in.get(api, {"q": "revenue"}).json()["items"]) == ["by-model", "by-user"]
+    assert len(client_in.get(api, {"q": "revenue", "all_text": "true"}).json()["items"]) == 5

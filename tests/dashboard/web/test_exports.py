@@ -4,6 +4,7 @@ no formula a spreadsheet would run."""
 from __future__ import annotations
 
 import csv
+import html
 import io
 import re
 from datetime import timedelta
@@ -40,13 +41,23 @@ def test_it_exports_the_filtered_list_in_its_order_with_the_pages_numbers(client
     page = client_in.get(url + "?sort=started_at").content.decode()
     rows = read_csv(client_in.get(reverse("web:conversations_export", args=[filled.slug]) + "?sort=started_at"))
     assert [r["external_id"] for r in rows] == re.findall(r'<div class="small muted mono">([^<]*)</div>', page)
-    shown_costs = [re.sub(r"<.*", "", c) for c in re.findall(r'data-field="cost">([^<]*(?:<[^>]*>[^<]*</span>)?)', page)]
+    shown_costs = re.findall(r'data-field="cost"><span>([^<]*)</span>', page)
     for row, shown in zip(rows, shown_costs):
         conversation = Conversation.objects.get(external_id=row["external_id"])
         assert int(row["input_tokens"]) == conversation.input_tokens
         assert int(row["tool_calls"]) == conversation.tool_calls and int(row["errors"]) == conversation.errors
         assert usd_text(None if row["cost_usd"] == "" else round(float(row["cost_usd"]) * 10**12)) == shown.strip()
     assert next(r for r in rows if r["external_id"] == "c")["cost_usd"] == ""  # no price: empty, never 0
+
+
+def test_it_exports_the_title_the_list_shows(client_in, filled):
+    Conversation.objects.filter(external_id="c").update(title="")  # known from spans only: no user message
+    page = client_in.get(reverse("web:conversations", args=[filled.slug]) + "?sort=started_at").content.decode()
+    shown = [html.unescape(t) for t in re.findall(r'<td><a href="[^"]*">([^<]*)</a>', page)]
+    rows = read_csv(client_in.get(reverse("web:conversations_export", args=[filled.slug]) + "?sort=started_at"))
+    assert [r["title"] for r in rows] == shown
+    assert next(r for r in rows if r["external_id"] == "c")["title"] == "c"
+    assert next(r for r in rows if r["external_id"] == "a")["title"] == Conversation.objects.get(external_id="a").title
 
 
 def test_it_applies_the_lists_filters(client_in, filled):
@@ -88,7 +99,7 @@ def test_it_exports_tool_stats_equal_to_the_tools_table(client_in, filled):
         assert f'{float(row["success_rate"]) * 100:.1f}%' in shown
         executions = ToolExecution.objects.filter(project=filled, tool_name=row["tool"])
         assert int(row["calls"]) == executions.count()
-        cost = re.search(r'data-field="cost">([^<]*)', shown).group(1).strip()
+        cost = re.search(r'data-field="cost"><span>([^<]*)</span>', shown).group(1)
         assert cost == usd_text(round(float(row["observation_cost_usd"]) * 10**12))
 
 

@@ -94,3 +94,22 @@ def test_it_answers_404_for_hostile_params(client_in, project, params):
 def test_it_needs_a_login(client, project):
     response = client.get(reverse("web:logs", args=[project.slug]))
     assert response.status_code == 302
+
+
+def test_it_has_its_own_place_in_the_nav(client_in, project):
+    logs_url = reverse("web:logs", args=[project.slug])
+    for page in ("web:overview", "web:conversations", "web:traces"):  # reachable from every page
+        assert f'<a href="{logs_url}"' in client_in.get(reverse(page, args=[project.slug])).content.decode()
+    body = client_in.get(logs_url).content.decode()
+    assert f'<a href="{logs_url}" class="current">Logs</a>' in body
+    conversations = reverse("web:conversations", args=[project.slug])
+    assert f'<a href="{conversations}">Conversations</a>' in body  # no longer the current section
+
+
+def test_it_says_how_logs_arrive_when_there_are_none(client_in, project):
+    body = client_in.get(reverse("web:logs", args=[project.slug])).content.decode()
+    assert 'data-testid="logs-empty"' in body
+    assert "http://testserver/v1/logs" in body and "OTEL_EXPORTER_OTLP_ENDPOINT=http://testserver" in body
+    assert reverse("web:keys", args=[project.slug]) in body
+    add_log(project)
+    assert 'data-testid="logs-empty"' not in client_in.get(reverse("web:logs", args=[project.slug])).content.decode()

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.db.models import Count, Q, Sum
 from django.urls import reverse
+from django.utils import timezone
 from tests.dashboard.web.pages_factories import HOUR, full_conversation, round_record, store, tool_record
 
 from dashboard.observatory.models import Conversation, ToolExecution
@@ -64,7 +65,7 @@ def series_of(body: str) -> dict:
 
 
 def test_it_draws_hourly_series_equal_to_the_rows(client_in, filled):
-    data = series_of(client_in.get(reverse("web:overview", args=[filled.slug])).content.decode())
+    data = series_of(client_in.get(reverse("web:overview", args=[filled.slug]) + "?range=7d").content.decode())
     assert data["step"] == "hour" and len(data["labels"]) == 7 * 24
     i = data["starts"].index(HOUR.isoformat())
     rows = ToolExecution.objects.filter(project=filled, occurred_at__gte=HOUR, occurred_at__lt=HOUR + timedelta(hours=1))
@@ -79,7 +80,7 @@ def test_it_draws_hourly_series_equal_to_the_rows(client_in, filled):
 
 
 def test_it_links_each_bucket_to_the_conversations_started_in_it(client_in, filled):
-    data = series_of(client_in.get(reverse("web:overview", args=[filled.slug])).content.decode())
+    data = series_of(client_in.get(reverse("web:overview", args=[filled.slug]) + "?range=7d").content.decode())
     i = data["starts"].index(HOUR.isoformat())
     listed = client_in.get(data["links"][i]).content.decode()
     started = Conversation.objects.filter(project=filled, started_at__gte=HOUR, started_at__lt=HOUR + timedelta(hours=1))
@@ -115,8 +116,37 @@ def test_it_lists_recent_failures_linked_to_their_conversations(client_in, fille
 
 def test_it_keeps_the_query_count_flat(client_in, filled, django_assert_max_num_queries):
     page = reverse("web:overview", args=[filled.slug])
-    with django_assert_max_num_queries(11):  # + the cost totals (2) and the series' two rollups
+    with django_assert_max_num_queries(13):  # + the cost totals (2), the series' two rollups, the range's fit (2)
         assert client_in.get(page).status_code == 200
+
+
+@pytest.mark.parametrize("ago, opened", [(timedelta(hours=2), "24h"), (timedelta(days=3), "7d"),
+                                         (timedelta(days=20), "30d"), (timedelta(days=80), "90d")])
+def test_it_opens_on_the_smallest_range_that_holds_the_data(client_in, project, ago, opened):
+    now = timezone.now()
+    store(project, [round_record("old", 0, at=now - ago), tool_record("old", at=now - ago),
+                    round_record("new", 0, at=HOUR), tool_record("new")])
+    body = client_in.get(reverse("web:overview", args=[project.slug])).content.decode()
+    assert re.search(r"Range:.*?<strong>([^<]+)</strong>", body, re.S).group(1) == opened
+    assert value(body, "range-why") == f"{opened}: the smallest range that holds the data"
+    assert value(body, "total-conversations") == "2"  # both, and the calls of both
+    assert value(body, "total-tool-calls") == str(ToolExecution.objects.filter(project=project).count())
+    data = series_of(body)
+    assert sum(data["conversations"]) == 2 and data["step"] == ("day" if opened in ("30d", "90d") else "hour")
+
+
+def test_it_opens_on_24_hours_with_no_data_and_says_why(client_in, project):
+    store(project, [round_record("ancient", 0, at=timezone.now() - timedelta(days=200))])
+    body = client_in.get(reverse("web:overview", args=[project.slug]) + "?range=junk").content.decode()
+    assert value(body, "range-why") == "24h: no data in the last 90d"
+    assert len(series_of(body)["labels"]) == 24
+
+
+def test_it_keeps_the_range_the_url_asks_for(client_in, project):
+    store(project, [round_record("c", 0)])
+    body = client_in.get(reverse("web:overview", args=[project.slug]) + "?range=30d").content.decode()
+    assert re.search(r"Range:.*?<strong>([^<]+)</strong>", body, re.S).group(1) == "30d"
+    assert 'data-testid="range-why"' not in body
 
 
 def test_it_shows_an_empty_project(client_in, project):
@@ -134,6 +164,33 @@ def test_it_never_shows_an_unpriced_tool_cost_as_zero(client_in, project):
     assert value(body, "tool-cost") == "no price" and value(body, "total-cost") == "no price"
     data = series_of(body)
     assert data["tool_cost_usd"][data["starts"].index(HOUR.isoformat())] is None
+
+
+def test_it_says_how_many_calls_the_tool_cost_leaves_out(client_in, project):
+    # 3 of 4 calls are of a model the price table does not know: the figure is the
+    # one priced call's cost, and it says so, never a bare amount that reads as all.
+    from dashboard.tuning.pricing import PriceTable
+    from dashboard.web.costs import usd_text
+
+    unknown = [tool_record("c", at=HOUR + timedelta(minutes=i)) | {"model": "my-own-model"} for i in range(3)]
+    store(project, [round_record("c", 0, model="my-own-model"), tool_record("c"), *unknown])
+    body = client_in.get(reverse("web:overview", args=[project.slug])).content.decode()
+    priced = ToolExecution.objects.filter(project=project, model="gpt-4o")
+    assert priced.count() == 1 and ToolExecution.objects.filter(project=project).count() == 4
+    call = priced.get()
+    expected = PriceTable.load().price_for("gpt-4o", call.occurred_at).cost(call.observation_tokens)
+    assert expected > 0 and value(body, "tool-cost") == usd_text(expected)
+    assert value(body, "tool-cost-left-out") == "(3 calls without a price left out)"
+    assert "1 round and 3 tool calls in this range" in value(body, "series-left-out")
+
+
+def test_it_counts_every_call_of_an_unpriced_tool_cost(client_in, project):
+    from dashboard.tuning.models import PriceRule
+
+    PriceRule.objects.all().delete()
+    store(project, [tool_record("c"), tool_record("c", at=HOUR + timedelta(minutes=1))])
+    body = client_in.get(reverse("web:overview", args=[project.slug])).content.decode()
+    assert value(body, "tool-cost") == "no price" and value(body, "tool-cost-left-out") == "(2 calls)"
 
 
 def test_it_escapes_a_hostile_model_name_in_the_cost_table(client_in, project):

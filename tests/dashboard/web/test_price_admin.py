@@ -1,5 +1,5 @@
-"""The price table in the admin: superusers edit it, staff read it, an unknown
-model is a form error, and a saved rule re-prices the stored conversations."""
+"""The price table in the admin: superusers edit it, staff read it, a rule may
+name any model or pattern, and a saved rule re-prices the stored conversations."""
 
 from __future__ import annotations
 
@@ -33,12 +33,26 @@ def test_it_adds_a_rule_and_reprices_what_it_matches(root_client, project, djang
     assert Conversation.objects.get().cost_pico_usd == 900 * 270_000 + 100 * 1_100_000
 
 
-@pytest.mark.parametrize("pattern", ["*", "my-own-model", "<script>alert(1)</script>"])
-def test_it_answers_an_unknown_model_with_a_form_error(root_client, pattern):
+@pytest.mark.parametrize("pattern", ["scripted-analyst-1", "my-own-model*", "*"])
+def test_it_takes_a_rule_for_any_model_or_pattern(root_client, project, pattern, django_capture_on_commit_callbacks):
+    store(project, [round_record("c", 0, model="scripted-analyst-1")])
+    with django_capture_on_commit_callbacks(execute=True):
+        response = root_client.post(ADD, form(pattern=pattern))
+    assert response.status_code == 302
+    matches = pattern != "my-own-model*"
+    assert Conversation.objects.get().cost_pico_usd == (900 * 270_000 + 100 * 1_100_000 if matches else None)
+
+
+def test_it_escapes_a_hostile_model_name_it_took(root_client):
+    assert root_client.post(ADD, form(pattern="<script>alert(1)</script>")).status_code == 302
+    body = root_client.get("/admin/tuning/pricerule/").content.decode()
+    assert "<script>alert(1)</script>" not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+
+
+@pytest.mark.parametrize("pattern", ["", "   "])
+def test_it_refuses_a_rule_that_names_nothing(root_client, pattern):
     response = root_client.post(ADD, form(pattern=pattern))
-    assert response.status_code == 200
-    body = response.content.decode()
-    assert "unknown model" in body and "<script>alert(1)</script>" not in body
+    assert response.status_code == 200 and b"errorlist" in response.content
     assert not PriceRule.objects.filter(source="test").exists()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.urls import reverse
@@ -34,7 +35,10 @@ def test_it_shows_rounds_in_order_with_everything_in_them(client_in, conversatio
     assert response.status_code == 200
     body = response.content.decode()
     assert body.count('data-testid="round"') == 3
-    assert body.index('id="round-0"') < body.index('id="round-1"') < body.index('id="round-2"')
+    # People count rounds from 1 (the stored index from 0): headings and anchors alike.
+    assert [r.index for r in Round.objects.filter(conversation=conversation).order_by("index")] == [0, 1, 2]
+    assert body.index('id="round-1"') < body.index('id="round-2"') < body.index('id="round-3"')
+    assert re.findall(r"<h3>Round (\d+)</h3>", body) == ["1", "2", "3"] and 'id="round-0"' not in body
     assert "What were sales in the north?" in body
     assert "I should query the sales table." in body
     assert "Sales were 12." in body
@@ -54,7 +58,7 @@ def test_it_draws_the_token_budget_from_the_rounds(client_in, conversation):
         '<script id="budget-data" type="application/json">')
     data = json.loads(body[start: body.index("</script>", start)])
     rounds = list(Round.objects.filter(conversation=conversation).order_by("index"))
-    assert data["labels"] == [0, 1, 2]
+    assert data["labels"] == [r.index + 1 for r in rounds] == [1, 2, 3]
     assert data["context"] == [r.derived_context_tokens or r.context_tokens for r in rounds] == [1000, 2000, 3000]
     assert data["window"] == [8000, 8000, 8000]
     assert data["threshold"] == [6400, 6400, 6400]
@@ -118,9 +122,9 @@ def test_it_pages_long_conversations(client_in, project, monkeypatch):
     full_conversation(project, "long", rounds=5)
     conversation = Conversation.objects.get(external_id="long")
     first = client_in.get(url(conversation)).content.decode()
-    assert first.count('data-testid="round"') >= 2 and 'id="round-2"' not in first and "?page=2" in first
+    assert first.count('data-testid="round"') >= 2 and 'id="round-3"' not in first and "?page=2" in first
     third = client_in.get(url(conversation) + "?page=3").content.decode()
-    assert 'id="round-4"' in third and "?page=2" in third
+    assert 'id="round-5"' in third and "?page=2" in third
     assert client_in.get(url(conversation) + "?page=9").status_code == 404
     assert client_in.get(url(conversation) + "?page=abc").status_code == 404
     assert client_in.get(url(conversation) + "?page=-1").status_code == 404

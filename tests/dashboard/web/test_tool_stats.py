@@ -189,7 +189,23 @@ def test_it_prices_each_tools_observation_tokens(client_in, executions):
         expected = sum(r.observation_tokens for r in rows) * 2_500_000
         assert sum(ToolHourlyRollup.objects.filter(project=executions, tool_name=tool, hour__gte=since)
                    .values_list("cost_pico_usd", flat=True)) == expected
-        assert re.search(r'data-field="cost">([^<]*)', shown).group(1).strip() == usd_text(expected)
+        assert re.search(r'data-field="cost"><span>([^<]*)</span>', shown).group(1) == usd_text(expected)
+
+
+def test_it_says_how_many_calls_a_tools_cost_leaves_out(client_in, project):
+    from dashboard.web.costs import usd_text
+
+    store(project, [tool_record("c", tool="t"), tool_record("c", tool="t") | {"model": "my-own-model"},
+                    tool_record("c", tool="t") | {"model": "my-own-model"}])
+    priced = ToolExecution.objects.get(project=project, tool_name="t", model="gpt-4o")
+    expected = usd_text(priced.observation_tokens * 2_500_000)  # gpt-4o's seeded input price
+    table = client_in.get(reverse("web:tools", args=[project.slug])).content.decode()
+    row = re.search(r'<tr data-tool="t">(.*?)</tr>', table, re.S).group(1)
+    assert re.search(r'data-field="cost"><span>([^<]*)</span> <span class="muted">([^<]*)</span>', row).groups() == (
+        expected, "(2 calls without a price left out)")
+    page = client_in.get(reverse("web:tool", args=[project.slug, "t"])).content.decode()
+    assert re.search(r'data-testid="tool-cost">([^<]*)<', page).group(1) == expected
+    assert re.search(r'data-testid="tool-cost-left-out">([^<]*)<', page).group(1) == "(2 calls without a price left out)"
 
 
 def test_it_links_each_bucket_of_the_tool_series_to_its_failures(client_in, executions):

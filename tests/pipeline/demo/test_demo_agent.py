@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import re
 import socket
+import sqlite3
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -231,6 +233,47 @@ def test_it_stores_and_uploads_the_export_as_an_artifact(run: Run) -> None:
     assert hashlib.sha256(body).hexdigest() == headers["X-Content-SHA256"] == export.data_hash
     assert len(json.loads(body)) > 10_000
     assert _results(run, "export_orders")[1].success  # read back by id in the next round
+
+
+# --- what the answers say ----------------------------------------------------------------
+
+
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_ARTIFACT_ID = re.compile(r"artifact_[0-9a-f]+")
+
+
+def _figures(text: str) -> set[float]:
+    return {float(n.replace(",", "")) for n in _NUMBER.findall(_ARTIFACT_ID.sub("", text))}
+
+
+def test_it_states_the_share_the_sales_data_gives(run: Run, sales_db: Path) -> None:
+    with sqlite3.connect(sales_db) as db:
+        regions = db.execute("SELECT region, SUM(revenue) FROM orders GROUP BY region ORDER BY 2 DESC").fetchall()
+    leader, revenue = regions[0]
+    share = round(revenue / sum(r for _, r in regions) * 100, 1)
+    english = {r.index: r.final_answer for r in run.of("revenue_by_region", RoundRecord)}
+    assert english[1] == f"{leader} brought in {share}% of total revenue."
+    chinese = run.of("zh_region_skill", RoundRecord)[0].final_answer
+    assert f"{share}%" in chinese and chinese.startswith("华东" if leader == "East" else "")
+
+
+def test_it_states_no_figure_its_tools_did_not_return(run: Run) -> None:
+    for conversation, records in run.by_conversation.items():
+        sources = [m.content for m in records if isinstance(m, MessageRecord) and m.role in ("user", "tool")]
+        sources += [r.result.observation for r in records if isinstance(r, ToolResultRecord)]
+        known = set().union(*(_figures(text) for text in sources))
+        for round_record in (r for r in records if isinstance(r, RoundRecord)):
+            unknown = _figures(round_record.final_answer or "") - known
+            assert not unknown, (conversation, round_record.final_answer, unknown)
+
+
+def test_it_names_the_artifact_its_own_round_stored(run: Run) -> None:
+    results = {r.round_id: r.result for r in run.of("long_analysis", ToolResultRecord)}
+    for round_record in run.of("long_analysis", RoundRecord):
+        named = _ARTIFACT_ID.findall(round_record.final_answer or "")
+        own = results[round_record.round_id].artifact_id
+        assert named == [own] or (not named and "summarised before I read it" in round_record.final_answer)
+    assert any(_ARTIFACT_ID.search(r.final_answer or "") for r in run.of("long_analysis", RoundRecord))
 
 
 # --- the loop with other models -------------------------------------------------------------

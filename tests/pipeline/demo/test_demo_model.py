@@ -127,3 +127,25 @@ def test_it_cycles_through_every_scenario() -> None:
     assert len(set(keys)) == len(SCENARIOS)
     assert {"en", "zh"} == {s.language for s in SCENARIOS}
     assert "long_analysis" in describe()
+
+
+def test_it_answers_from_what_it_read_though_a_compression_dropped_it_since() -> None:
+    model = ScriptedModel()
+    answers: list[Any] = []
+    model.start_round(RoundScript("q", [Call("calculator", {"expression": "1 + 1"})],
+                                  lambda obs: answers.append(obs) or "done"), seed="s")
+    earlier = {"role": "tool", "tool_call_id": "call_earlier_round", "content": "from before"}
+    call = model.respond([earlier, {"role": "user", "content": "q"}]).tool_calls[0]
+    compressed = [{"role": "system", "content": "[Conversation summary]"}, _tool_message(call, "2")]
+    assert model.respond(compressed).final_answer == "done"
+    assert answers[0] == ["from before", "2"] and answers[0].this_round == ["2"]
+
+
+def test_it_knows_when_its_own_result_was_summarised_before_it_read_it() -> None:
+    model = ScriptedModel()
+    answers: list[Any] = []
+    model.start_round(RoundScript("q", [Call("calculator", {"expression": "1 + 1"})],
+                                  lambda obs: answers.append(obs) or "done"), seed="s")
+    model.respond([{"role": "tool", "tool_call_id": "call_earlier_round", "content": "from before"}])
+    model.respond([{"role": "system", "content": "[Conversation summary: 3 earlier messages]"}])
+    assert answers[0] == ["from before"] and answers[0].this_round == []
