@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any, Iterable, Optional
 
 from django.db.models import Count, F, Q, Sum
@@ -38,7 +39,7 @@ class ConversationPricing:
     """What ``conversations_priced`` computed, written by ``save`` inside the
     totals' transaction (after the conversations themselves)."""
 
-    rounds: list[Round] = field(default_factory=list)  # rounds whose cost changed
+    rounds: list[Any] = field(default_factory=list)  # rounds whose cost changed (rows for update_rows)
     hours: dict[int, set[datetime]] = field(default_factory=lambda: defaultdict(set))
 
     def save(self) -> None:
@@ -99,7 +100,7 @@ def conversations_priced(conversations: list[Conversation], table: Optional[Pric
             entry[0] += cost
             entry[1] += 1
         if cost != stored:
-            pricing.rounds.append(Round(id=row[0], conversation_id=pk, cost_pico_usd=cost))
+            pricing.rounds.append(SimpleNamespace(pk=row[0], conversation_id=pk, cost_pico_usd=cost))
     for pk, conversation in by_id.items():
         cost, priced, unpriced = totals[pk]
         conversation.cost_pico_usd = cost if priced else None

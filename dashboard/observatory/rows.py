@@ -53,9 +53,10 @@ def conversations_get_or_create(
     return found
 
 
-def update_rows(model: type[models.Model], objs: list[models.Model], field_names: list[str]) -> None:
-    """UPDATE … WHERE id = %s for each object, as one executemany: what bulk_update
-    does without building a CASE expression per field and row."""
+def update_rows(model: type[models.Model], objs: Sequence[Any], field_names: list[str]) -> None:
+    """UPDATE … WHERE id = %s for each object (a model instance, or any row with
+    ``pk`` and the fields as attributes), as one executemany: what bulk_update does
+    without building a CASE expression per field and row."""
     if not objs:
         return
     connection = connections[router.db_for_write(model)]

@@ -28,6 +28,7 @@ import json
 import uuid
 from collections import defaultdict
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any, Iterable, Iterator
 
 from django.db import transaction
@@ -357,7 +358,7 @@ def _renumber(conversation_ids: list[int], since: datetime | None = None) -> Non
             moved[(conversation_id, round_id)] = index
             low, high = spans.get(conversation_id, (old_index, old_index))
             spans[conversation_id] = (min(low, old_index), max(high, old_index))
-            changed.append(Round(id=pk, index=index))
+            changed.append(SimpleNamespace(pk=pk, index=index))
     update_rows(Round, changed, ["index"])
     if moved:
         # their messages, through message_conversation_index from the first moved round's
@@ -372,7 +373,8 @@ def _renumber(conversation_ids: list[int], since: datetime | None = None) -> Non
         ).values_list("id", "conversation_id", "index", "round_id"):
             index = moved.get((conversation_id, round_id))
             if index is not None:
-                changed_messages.append(Message(id=pk, index=index * MESSAGES_PER_ROUND + old_index % MESSAGES_PER_ROUND))
+                changed_messages.append(SimpleNamespace(
+                    pk=pk, index=index * MESSAGES_PER_ROUND + old_index % MESSAGES_PER_ROUND))
         update_rows(Message, changed_messages, ["index"])
 
 

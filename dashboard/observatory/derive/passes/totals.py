@@ -14,6 +14,7 @@ from collections import defaultdict
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any, Callable, ContextManager, Iterable
 
 from django.db import transaction
@@ -157,7 +158,7 @@ SLICE_RANGES = 50  # minute ranges one slice query reads (ORed)
 
 
 def _conversation_totals_read(ids: list[int], slices: _SlicesRead, scope: Scope | None) -> tuple[
-        list[Conversation], list[Round], Any]:
+        list[Conversation], list[Any], Any]:
     """The conversations with their figures recomputed (but those of the tool calls:
     ``_slices_sum``), the rounds whose context changed, and their pricing: reads only."""
     conversations = list(Conversation.objects.filter(pk__in=ids).order_by("pk"))
@@ -443,9 +444,10 @@ def _first(rows: Any, field: str, *order: str) -> Subquery:
     return Subquery(rows.filter(conversation_id=OuterRef("pk")).order_by(*order).values(field)[:1])
 
 
-def _round_context(conversation_ids: list[int], scoped: dict[int, set[int]] | None = None) -> list[Round]:
+def _round_context(conversation_ids: list[int], scoped: dict[int, set[int]] | None = None) -> list[Any]:
     """Per-round context size (reported, else the running sum of message tokens up
-    to the round) and the round's tool calls and errors; only changed rounds.
+    to the round) and the round's tool calls and errors; only changed rounds (as
+    rows for ``update_rows``).
 
     ``scoped``: per conversation, the pks of the only rounds to derive (a conversation
     not in it has all of them derived); their tool calls are counted through
@@ -455,19 +457,24 @@ def _round_context(conversation_ids: list[int], scoped: dict[int, set[int]] | No
     whole = [pk for pk in conversation_ids if pk not in scoped]
     fields = ("id", "conversation_id", "round_id", "index", "occurred_at", "context_tokens",
               "derived_context_tokens", "tool_call_count", "error_count")
-    rounds = list(Round.objects.filter(conversation_id__in=whole).only(*fields)) if whole else []
+    rounds = list(Round.objects.filter(conversation_id__in=whole).values_list(*fields, named=True)) if whole else []
     tool_counts = _tool_counts(ToolExecution.objects.filter(conversation_id__in=whole)) if whole else {}
     pks = sorted(pk for some in scoped.values() for pk in some)
     for start in range(0, len(pks), SCOPE_CHUNK):
-        some = list(Round.objects.filter(pk__in=pks[start:start + SCOPE_CHUNK]).only(*fields))
+        some = list(Round.objects.filter(pk__in=pks[start:start + SCOPE_CHUNK]).values_list(*fields, named=True))
         rounds += some
-        tool_counts.update(_tool_counts(ToolExecution.objects.filter(
-            conversation_id__in={r.conversation_id for r in some}, round_id__in={r.round_id for r in some})))
+        by_conversation: dict[int, set[str]] = defaultdict(set)
+        for round_ in some:
+            by_conversation[round_.conversation_id].add(round_.round_id)
+        of_rounds = Q()  # each conversation's rounds: one probe a round of toolexec_conversation_round
+        for conversation_id, round_ids in by_conversation.items():
+            of_rounds |= Q(conversation_id=conversation_id, round_id__in=round_ids)
+        tool_counts.update(_tool_counts(ToolExecution.objects.filter(of_rounds)))
     # the running sum of message tokens: every round of a conversation, up to the scoped ones
     summed = sorted({r.conversation_id for r in rounds if r.conversation_id in scoped and not r.context_tokens})
     if summed:
         rounds = [r for r in rounds if r.conversation_id not in set(summed)] + list(
-            Round.objects.filter(conversation_id__in=summed).only(*fields))
+            Round.objects.filter(conversation_id__in=summed).values_list(*fields, named=True))
     message_tokens: dict[tuple[int, str], int] = {
         (row["conversation_id"], row["round_id"]): row["tokens"] or 0
         for row in Message.objects.filter(conversation_id__in=whole + summed)
@@ -478,14 +485,15 @@ def _round_context(conversation_ids: list[int], scoped: dict[int, set[int]] | No
     for round_ in sorted(rounds, key=lambda r: (r.conversation_id, r.index, r.occurred_at)):
         key = (round_.conversation_id, round_.round_id)
         running[round_.conversation_id] += message_tokens.get(key, 0)
-        if round_.conversation_id in scoped and round_.pk not in scoped[round_.conversation_id]:
+        if round_.conversation_id in scoped and round_.id not in scoped[round_.conversation_id]:
             continue  # read for the running sum only
         derived = round_.context_tokens or running[round_.conversation_id]
         tools = tool_counts.get(key, {})
         values = (derived, tools.get("n", 0), tools.get("errors", 0))
         if values != (round_.derived_context_tokens, round_.tool_call_count, round_.error_count):
-            round_.derived_context_tokens, round_.tool_call_count, round_.error_count = values
-            changed.append(round_)
+            changed.append(SimpleNamespace(pk=round_.id, conversation_id=round_.conversation_id,
+                                           derived_context_tokens=derived, tool_call_count=values[1],
+                                           error_count=values[2]))
     return changed
 
 
