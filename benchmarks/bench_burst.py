@@ -42,12 +42,13 @@ TOOLS = ("search_orders", "fetch_invoice", "lookup_customer", "summarise", "web_
 MODELS = ("gpt-4o", "claude-3-sonnet")
 
 
-def genai_batches(count: int, size: int, conversations: int) -> list[bytes]:
+def genai_batches(count: int, size: int, conversations: int, tools_only: bool = False) -> list[bytes]:
     """``count`` protobuf batches of ``size`` spans, every one a GenAI span: per trace
     of 20 spans, 10 model calls ("chat <model>": request/response model, input/output
     tokens) each followed by a tool call ("execute_tool <tool>": tool name, call id,
     input tokens), all naming the trace's conversation. ``conversations``: 0 = five new
-    conversations per batch; N = a pool of N conversations the batches keep returning to."""
+    conversations per batch; N = a pool of N conversations the batches keep returning to.
+    ``tools_only``: every span a tool call (as OpenTelemetry-only agents send them)."""
     bodies = []
     start = time.time_ns()
     for batch in range(count):
@@ -74,7 +75,7 @@ def genai_batches(count: int, size: int, conversations: int) -> list[bytes]:
             span.end_time_unix_nano = span.start_time_unix_nano + 3_500_000
             a = span.attributes
             a.add(key="gen_ai.conversation.id", value=AnyValue(string_value=conv))
-            if index % 2 == 0:
+            if index % 2 == 0 and not tools_only:
                 model = MODELS[(index // 2) % len(MODELS)]
                 span.name = f"chat {model}"
                 a.add(key="gen_ai.operation.name", value=AnyValue(string_value="chat"))
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=1)
     parser.add_argument("--conversations", type=int, default=0,
                         help="0: five new conversations a batch; N: a pool of N the batches keep returning to")
+    parser.add_argument("--tools-only", action="store_true",
+                        help="every span a tool call (OpenTelemetry-only tool spans, no model-call spans)")
     parser.add_argument("--drain-deadline", type=float, default=90.0)
     parser.add_argument("--root", default="", help="serve this checkout's code (default: this one)")
     parser.add_argument("--profile", default="", metavar="FILE",
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         bi.ROOT = Path(args.root).resolve()
         if not (bi.ROOT / "manage.py").exists():
             raise SystemExit(f"--root {args.root}: no manage.py there")
-    bodies = genai_batches(args.batches, args.spans_per_batch, args.conversations)
+    bodies = genai_batches(args.batches, args.spans_per_batch, args.conversations, args.tools_only)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=bi.ROOT, capture_output=True,
                             text=True).stdout.strip()
     workdir = Path(tempfile.mkdtemp(prefix="bench-burst-"))

@@ -422,13 +422,10 @@ class ToolExecution(_RecordRow):
             models.Index(fields=["project", "tool_name", "-occurred_at"], name="toolexec_project_tool_time"),
             # conversation timeline
             models.Index(fields=["conversation", "occurred_at"], name="toolexec_conversation_time"),
-            # a round's tool calls, counted again when a batch brings some (derive.passes.totals)
-            models.Index(fields=["conversation", "round_id"], name="toolexec_conversation_round"),
-            # derived calls waiting for their round or call id, by the traces a batch brings
-            models.Index(
-                fields=["conversation", "trace_id"], name="toolexec_waiting",
-                condition=Q(source="span") & (Q(round_id="") | Q(tool_call_id="")),
-            ),
+            # a round's tool calls, counted again when a batch brings some (derive.passes.totals);
+            # partial: a call of no round (an agent sending only tool spans) costs it nothing
+            models.Index(fields=["conversation", "round_id"], name="toolexec_conversation_round",
+                         condition=~Q(round_id="")),
             # recent failures
             models.Index(
                 fields=["project", "-occurred_at"], name="toolexec_project_failures",

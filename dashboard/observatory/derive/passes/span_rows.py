@@ -576,13 +576,24 @@ def _assign_rounds(project_id: int, conversation_ids: list[int], calls: dict[str
     traces = {trace for (_, trace) in calls["by_trace"]}
     if not traces:
         return
+    # Found from the traces' tool spans (span_unique) through toolexec_linked_span: what a
+    # trace holds, never a conversation's calls, and no index of its own to keep up (an
+    # agent that sends only tool spans has every call waiting for a round).
+    ordered = sorted(traces)
+    tool_spans = Q()
+    for start in range(0, len(ordered), CHUNK):
+        tool_spans |= Q(linked_span_id__in=Span.objects.filter(
+            project_id=project_id, trace_id__in=ordered[start:start + CHUNK], operation=EXECUTE_TOOL).values("id"))
+    # (the conversations are tested here: in the query they would lead the planner to
+    # their index, and all their calls)
+    wanted = set(conversation_ids)
     waiting = [
         execution for execution in
-        ToolExecution.objects.filter(conversation_id__in=conversation_ids, source=Source.SPAN, trace_id__in=traces)
+        ToolExecution.objects.filter(tool_spans, source=Source.SPAN)
         .filter(Q(round_id="") | Q(tool_call_id="")).order_by("occurred_at", "id")
         .only("id", "conversation_id", "tool_call_id", "tool_name", "trace_id", "occurred_at", "round_id",
               "parameters")
-        if (execution.conversation_id, execution.trace_id) in calls["by_trace"]
+        if execution.conversation_id in wanted and (execution.conversation_id, execution.trace_id) in calls["by_trace"]
     ]
     if not waiting:
         return

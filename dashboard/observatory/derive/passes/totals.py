@@ -466,9 +466,11 @@ def _round_context(conversation_ids: list[int], scoped: dict[int, set[int]] | No
         by_conversation: dict[int, set[str]] = defaultdict(set)
         for round_ in some:
             by_conversation[round_.conversation_id].add(round_.round_id)
-        of_rounds = Q()  # each conversation's rounds: one probe a round of toolexec_conversation_round
+        # each conversation's rounds: one probe a round of the partial toolexec_conversation_round
+        # (each branch states its condition: SQLite's planner matches a partial index per OR branch)
+        of_rounds = Q()
         for conversation_id, round_ids in by_conversation.items():
-            of_rounds |= Q(conversation_id=conversation_id, round_id__in=round_ids)
+            of_rounds |= Q(conversation_id=conversation_id, round_id__in=round_ids) & ~Q(round_id="")
         tool_counts.update(_tool_counts(ToolExecution.objects.filter(of_rounds)))
     # the running sum of message tokens: every round of a conversation, up to the scoped ones
     summed = sorted({r.conversation_id for r in rounds if r.conversation_id in scoped and not r.context_tokens})
