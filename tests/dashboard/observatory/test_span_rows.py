@@ -481,3 +481,26 @@ def test_a_record_taking_over_an_older_derived_call_has_its_round_counted_again(
     outbox_drain_all()  # the record's batch, then the note for the round that lost the call
     assert Round.objects.get(conversation__external_id="conv-s", span_id="2" * 16).tool_call_count == 0
     assert not DerivationNote.objects.exists()
+
+
+def test_rounds_naming_no_model_are_priced_again_when_the_conversation_model_changes(client, project_key, gpt_price,
+                                                                                   records):
+    from dashboard.observatory.derive.passes import totals
+    from tests.dashboard.web.pages_factories import price_rule
+    price_rule("claude*", "3", "15")
+    _, auth = project_key
+    nameless = records.round(conversation="conv-n", index=0, trace_id="ee" * 16, input_tokens=1000)
+    response = client.post("/api/v1/records", {"records": [nameless]}, content_type="application/json", **auth)
+    assert response.status_code in (200, 202), response.content
+    outbox_drain_all()
+    send(client, auth, model_call("a" * 16, 100))  # the conversation's model: gpt-4o
+    first = figures()
+    for model in (Span, Round, ToolExecution):  # out of the next batch's window
+        model.objects.update(received_at=timezone.now() - timedelta(hours=1))
+    send(client, auth, span("b" * 16, "chat claude", at_ms=900, ms=50, gen_ai__conversation__id="conv-n",
+                            gen_ai__operation__name="chat", gen_ai__request__model="claude-3",
+                            gen_ai__usage__input_tokens=10))  # now claude: the nameless round's price moves
+    incremental = (per_round(), figures())
+    totals.conversation_totals_refresh(conversation_ids=[Conversation.objects.get(external_id="conv-n").pk])
+    assert (per_round(), figures()) == incremental
+    assert figures()[3] != first[3]

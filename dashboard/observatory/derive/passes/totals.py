@@ -231,9 +231,14 @@ def _conversation_totals_read(ids: list[int], slices: _SlicesRead, scope: Scope 
     # Pricing falls back to the conversation's model: as the slices will say.
     _models_from_slices(conversations, _last_tool_models(ids, slices.found))
 
-    if scoped is not None:  # a conversation whose model changed: its rounds without one are priced by it
-        scoped = {c.pk: scoped[c.pk] for c in conversations if c.pk in scoped and c.model == c.kept_as_read["model"]}
-    pricing = costs.conversations_priced(conversations, only=scoped)  # [costs] reads the old start hours
+    priced = None if scoped is None else {pk: set(pks) for pk, pks in scoped.items()}
+    changed_model = [c.pk for c in conversations if priced is not None and c.pk in priced
+                     and c.model != c.kept_as_read["model"]]
+    if changed_model:  # the rounds naming no model are priced by the conversation's: again
+        for pk, conversation_id in Round.objects.filter(conversation_id__in=changed_model, model="").values_list(
+                "pk", "conversation_id"):
+            priced[conversation_id].add(pk)
+    pricing = costs.conversations_priced(conversations, only=priced)  # [costs] reads the old start hours
     with_rounds = [pk for pk in ids if rounds.get(pk, {}).get("n")]
     return conversations, _round_context(with_rounds, scoped), pricing
 
