@@ -26,13 +26,13 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from collections import defaultdict
+from collections import defaultdict, namedtuple
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Iterable, Iterator
 
 from django.db import transaction
-from django.db.models import Count, Exists, Max, Min, OuterRef, Q
+from django.db.models import Count, Exists, Max, OuterRef, Q
 
 from dashboard.priority import yield_to_pages
 
@@ -110,12 +110,14 @@ def _candidate_queries(project_id: int, ids: list[int], operation: str, received
 
 
 def _candidate_chunks(project_id: int, ids: list[int], operation: str, received: dict[str, datetime] | None,
-                      traces: list[str]) -> Iterator[list[tuple]]:
-    """(pk, trace_id, tool_call_id) of the candidates, at most CANDIDATES a list, each
-    query walked in (start_time, id) order past the last one read. A span several
-    queries find comes once per query: deriving it twice inserts nothing twice."""
+                      traces: list[str]) -> Iterator[list[Any]]:
+    """The candidates as span rows (_SpanRow), at most CANDIDATES a list, each query
+    walked in (start_time, id) order past the last one read: read once, outside the
+    transaction that derives from them (on SQLite it holds the write lock). A span
+    several queries find comes once per query: deriving it twice inserts nothing twice."""
     for query in _candidate_queries(project_id, ids, operation, received, traces):
-        yield from keyset_pages(query, "start_time", ("id", "trace_id", "tool_call_id"), CANDIDATES)
+        for page in keyset_pages(query, "start_time", _SPAN_FIELDS, CANDIDATES):
+            yield [_SpanRow(*row) for row in page]
 
 
 def _conversations(project_id: int, ids: list[int], received: dict[str, datetime] | None,
@@ -130,25 +132,25 @@ def _conversations(project_id: int, ids: list[int], received: dict[str, datetime
     for chats, tools in _paired(_candidate_chunks(project_id, ids, CHAT, received, traces),
                                 _candidate_chunks(project_id, ids, EXECUTE_TOOL, received, traces)):
         record_traces = set(
-            Round.objects.filter(project_id=project_id, trace_id__in={trace for _, trace, _ in chats},
+            Round.objects.filter(project_id=project_id, trace_id__in={span.trace_id for span in chats},
                                  source=Source.RECORD).values_list("trace_id", flat=True)
         ) if chats else set()
-        calls = {call for _, _, call in tools if call}
+        calls = {span.tool_call_id for span in tools if span.tool_call_id}
         record_calls = set(
             ToolExecution.objects.filter(project_id=project_id, source=Source.RECORD, tool_call_id__in=calls)
             .values_list("tool_call_id", flat=True)
         ) if calls else set()
-        new_rounds = [pk for pk, trace, _ in chats if trace not in record_traces]
-        new_tools = [pk for pk, _, call in tools if call not in record_calls]  # (a span a record links to is no candidate)
+        new_rounds = [span for span in chats if span.trace_id not in record_traces]
+        # (a span a record links to is no candidate)
+        new_tools = [span for span in tools if span.tool_call_id not in record_calls]
         yield_to_pages()  # a pass of many pages shares its process with the pages
         with transaction.atomic():
             renumber: set[int] = set()
             for start in range(0, len(new_rounds), CHUNK):
                 renumber |= _rounds_from(project_id, new_rounds[start:start + CHUNK])
-            _renumber(sorted(renumber), since=_earliest(new_rounds))
+            _renumber(sorted(renumber), since=min((span.start_time for span in new_rounds), default=None))
             # what the derived rounds of the page's traces asked for (after the numbering)
-            calls_by = _calls_by_round(project_id, ids, {trace for _, trace, _ in chats} | {
-                trace for _, trace, _ in tools})
+            calls_by = _calls_by_round(project_id, ids, {span.trace_id for span in chats + tools})
             for start in range(0, len(new_tools), CHUNK):
                 minutes |= _tools_from(project_id, new_tools[start:start + CHUNK], calls_by)
             _assign_rounds(project_id, ids, calls_by)
@@ -250,11 +252,8 @@ _SPAN_FIELDS = ("id", "conversation_id", "trace_id", "span_id", "start_time", "e
                 "status_message", "attributes", "events", "resource", "tool_name", "tool_call_id", "received_at")
 
 
-def _spans(span_pks: list[int]) -> list[Any]:
-    """These spans as named rows of _SPAN_FIELDS in (start, id) order: a model instance
-    a span cost more than deriving from it."""
-    return list(Span.objects.filter(pk__in=span_pks).order_by("start_time", "id").values_list(
-        *_SPAN_FIELDS, named=True))
+# A span as the passes read it: a model instance a span cost more than deriving from it.
+_SpanRow = namedtuple("_SpanRow", _SPAN_FIELDS)
 
 
 def _round_id(span_id: str) -> str:
@@ -281,10 +280,10 @@ def _tool_calls(message: MessageFact) -> list[dict[str, Any]]:
             for call in message.tool_calls]
 
 
-def _rounds_from(project_id: int, span_pks: list[int]) -> set[int]:
-    """Rounds and messages of these model-call spans; returns their conversations."""
+def _rounds_from(project_id: int, spans: list[Any]) -> set[int]:
+    """Rounds and messages of these model-call spans (_SpanRow); returns their conversations."""
     rounds, messages, conversations = [], [], set()
-    for span in _spans(span_pks):
+    for span in spans:
         conversation_id = span.conversation_id
         conversations.add(conversation_id)
         facts = span_facts(span.attributes, span.resource, span.events)
@@ -323,11 +322,6 @@ def _rounds_from(project_id: int, span_pks: list[int]) -> set[int]:
     insert_ignoring_conflicts(Round, rounds)
     insert_ignoring_conflicts(Message, messages)
     return conversations
-
-
-def _earliest(span_pks: list[int]) -> datetime | None:
-    """The earliest start of these spans (the rounds just derived from them)."""
-    return Span.objects.filter(pk__in=span_pks).aggregate(earliest=Min("start_time"))["earliest"] if span_pks else None
 
 
 def _renumber(conversation_ids: list[int], since: datetime | None = None) -> None:
@@ -455,8 +449,9 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _tools_from(project_id: int, span_pks: list[int], calls: dict[str, Any]) -> set[datetime]:
-    spans = _spans(span_pks)
+def _tools_from(project_id: int, spans: list[Any], calls: dict[str, Any]) -> set[datetime]:
+    """Tool executions of these tool spans (_SpanRow, in start order); returns the
+    minutes they fall in."""
     rows, minutes = [], set()
     by_call = calls["by_call"]
     read = []
