@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -49,6 +50,7 @@ from benchmarks.bench_soak import soak, soak_agents
 from benchmarks.load import (
     Acknowledged,
     ProcessGroup,
+    RssSampler,
     Server,
     django_env,
     losses,
@@ -181,17 +183,25 @@ def soak_with_faults(cluster: Cluster, args: argparse.Namespace) -> None:
           f"{args.worker_concurrency}) + beat, PostgreSQL, Redis; SIGKILL to group A and worker A at "
           f"{args.kill_at:.0%} of the load, {args.down:.0f} s down; load average {load_average()}", flush=True)
     events: list[str] = []
-    stop_faults = threading.Event()
+    stop_faults, stop_sampling = threading.Event(), threading.Event()
     chaos = threading.Thread(target=faults, kwargs=dict(cluster=cluster, at=args.seconds * args.kill_at,
                                                         down=args.down, stop=stop_faults, events=events))
-    chaos.start()
+    # Each node's part apart (the soak's own line sums the two server groups).
+    memory = {name: RssSampler(group) for name, group in zip(
+        ("server group A", "server group B", "worker A", "worker B"), (*cluster.servers, *cluster.workers))}
+    samplers = [threading.Thread(target=sampler.run, args=(stop_sampling,), kwargs={"every": 2.0}, daemon=True)
+                for sampler in memory.values()]
+    for thread in (chaos, *samplers):
+        thread.start()
     try:
-        acknowledged, converged = soak(cluster.servers, project, key, session, args, watched=tuple(cluster.workers))
+        acknowledged, converged = soak(cluster.servers, project, key, session, args)
     finally:
         stop_faults.set()
+        stop_sampling.set()
         chaos.join(timeout=120)
     found = losses(project.pk, span_ids=acknowledged.span_ids, tool_call_ids=acknowledged.tool_call_ids)
     print("\n".join(events))
+    print("peak PSS: " + ", ".join(f"{name} {sampler.peak_pss:.0f} MB" for name, sampler in memory.items()))
     print(f"acknowledged spans {len(acknowledged.span_ids):,}, stored {found['stored_spans']:,}: lost "
           f"{found['lost_spans']}, duplicates {found['duplicate_spans']}; acknowledged records "
           f"{len(acknowledged.tool_call_ids):,}, stored {found['stored_records']:,}: lost {found['lost_records']}, "
@@ -246,11 +256,12 @@ def drain_rounds(cluster: Cluster, args: argparse.Namespace) -> None:
         # From the first claim: the workers' start-up is not the drain's (both start together).
         began = time.monotonic()
         cpu_before = sum(cpu_seconds(worker.pids()) for worker in started_workers), database_cpu_seconds()
-        drained = None
+        drained, waits = None, Counter()
         while time.monotonic() - began < args.converge_timeout:
             if not notes.filter(id__lte=last).exists():
                 drained = time.monotonic() - began
                 break
+            lock_waits(waits)
             time.sleep(0.2)
         worker_cpu = sum(cpu_seconds(worker.pids()) for worker in started_workers) - cpu_before[0]
         database_cpu = database_cpu_seconds() - cpu_before[1]
@@ -264,6 +275,9 @@ def drain_rounds(cluster: Cluster, args: argparse.Namespace) -> None:
               + (f"{drained:>7.1f}s {spans / drained:>8,.0f}" if drained is not None else f"{'NOT':>8} {'-':>8}")
               + f" {'%.1fs' % (converged + (drained or 0)) if converged is not None else 'NOT':>9} "
               f"{worker_cpu:>10.1f}s {database_cpu:>6.1f}s {load_average():>15}", flush=True)
+        print(f"{'':>7} a session waiting for a lock in {waits.pop('waiting', 0):,} of {waits.pop('looks', 0):,} looks "
+              f"at pg_stat_activity ({', '.join(f'{kind} {n}' for kind, n in waits.most_common()) or 'none'})",
+              flush=True)
         if converged is None:
             print(f"  not converged: {off}")
             for line in waiting_notes(project.pk):
@@ -272,6 +286,19 @@ def drain_rounds(cluster: Cluster, args: argparse.Namespace) -> None:
           "converged = the derived data agreeing with the rows, from the same moment; CPU from the first claim")
     for count, rates in sorted(results.items()):
         print(f"{count} worker{'s' if count > 1 else ''}: {', '.join(f'{rate:,.0f}' for rate in rates)} spans/s")
+
+
+def lock_waits(waits: Counter) -> None:
+    """One look at the sessions waiting for a lock (the drainers': ingest is idle then):
+    counts the looks, those that found one, and each lock kind (advisory, tuple,
+    transactionid, relation) once a look."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT DISTINCT wait_event FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                       "AND pid <> pg_backend_pid()")
+        kinds = [kind for (kind,) in cursor.fetchall()]
+    waits.update(["looks", *(["waiting"] if kinds else []), *kinds])
 
 
 def load_average() -> str:

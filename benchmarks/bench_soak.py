@@ -46,7 +46,6 @@ from benchmarks.load import (
     Acknowledged,
     Agent,
     PageReader,
-    ProcessGroup,
     RssSampler,
     Server,
     conversation_tool_calls,
@@ -150,13 +149,13 @@ def soak_agents(ports: tuple[int, ...], key: str, acknowledged: Acknowledged, *,
     ]
 
 
-def soak(servers: list[Server], project, key: str, session: str, args: argparse.Namespace, *,
-         watched: tuple[ProcessGroup, ...] = ()) -> tuple[Acknowledged, float | None]:
+def soak(servers: list[Server], project, key: str, session: str,
+         args: argparse.Namespace) -> tuple[Acknowledged, float | None]:
     """The load, a line a window, the convergence after it. With several servers the
     agents are spread over them (each turning to the others while its own does not
-    answer) and the reader reads from the last; memory is summed over the servers and
-    ``watched`` (e.g. Celery workers). Returns what was acknowledged and the seconds
-    until the derived data agreed with the rows (None: not within the timeout)."""
+    answer), the reader reads from the last, memory is summed over them. Returns what
+    was acknowledged and the seconds until the derived data agreed with the rows (None:
+    not within the timeout)."""
     from django.db import close_old_connections
 
     acknowledged = Acknowledged()
@@ -165,7 +164,7 @@ def soak(servers: list[Server], project, key: str, session: str, args: argparse.
     ports = tuple(server.port for server in servers)
     agents = soak_agents(ports, key, acknowledged, agents=args.agents, tool_every=args.tool_every)
     reader = PageReader(ports[-1], session, project.slug)
-    sampler = RssSampler(*servers, *watched)
+    sampler = RssSampler(*servers)
     lag = LagTracker(acknowledged)
     threads = [threading.Thread(target=agent.run, args=(stop,), kwargs={"spans_per_second": per_agent}) for agent in agents]
     threads.append(threading.Thread(target=reader.run, args=(stop,), kwargs={"pause": 1.0}))

@@ -74,7 +74,7 @@ class ProcessGroup:
     def __init__(self, command: list[str], env: dict[str, str], *, log: Path | None = None) -> None:
         self.command, self.env, self.log_path = command, env, log
         self.process: subprocess.Popen | None = None
-        self.log = open(log, "ab") if log else tempfile.TemporaryFile()
+        self.log = open(log, "a+b") if log else tempfile.TemporaryFile()
 
     def spawn(self) -> None:
         self.process = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL,
