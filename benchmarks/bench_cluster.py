@@ -236,12 +236,17 @@ def drain_rounds(cluster: Cluster, args: argparse.Namespace) -> None:
         threads = [threading.Thread(target=agent.run, args=(stop,), kwargs={"turns": args.backlog_turns})
                    for agent in agents]
         sending = time.monotonic()
+        ingest_cpu = sum(cpu_seconds(server.pids()) for server in cluster.servers), database_cpu_seconds()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=600)
         stop.set()
-        say(f"backlog of {len(acknowledged.span_ids):,} spans sent in {time.monotonic() - sending:.1f} s")
+        web_cpu = sum(cpu_seconds(server.pids()) for server in cluster.servers) - ingest_cpu[0]
+        print(f"{'':>7} backlog of {len(acknowledged.span_ids):,} spans and {len(acknowledged.tool_call_ids):,} records sent "
+            f"in {time.monotonic() - sending:.1f} s; CPU a span stored: web {web_cpu / len(acknowledged.span_ids) * 1e6:.0f} µs, "
+            f"PostgreSQL {(database_cpu_seconds() - ingest_cpu[1]) / len(acknowledged.span_ids) * 1e6:.0f} µs",
+              flush=True)
         notes = DerivationNote.objects.filter(project_id=project.pk)
         backlog, last = notes.count(), notes.order_by("-id").values_list("id", flat=True).first()
         time.sleep(2)  # the servers' last requests answered, the machine quiet
@@ -275,6 +280,8 @@ def drain_rounds(cluster: Cluster, args: argparse.Namespace) -> None:
               + (f"{drained:>7.1f}s {spans / drained:>8,.0f}" if drained is not None else f"{'NOT':>8} {'-':>8}")
               + f" {'%.1fs' % (converged + (drained or 0)) if converged is not None else 'NOT':>9} "
               f"{worker_cpu:>10.1f}s {database_cpu:>6.1f}s {load_average():>15}", flush=True)
+        print(f"{'':>7} CPU a span derived: workers {worker_cpu / spans * 1e6:.0f} µs, PostgreSQL "
+              f"{database_cpu / spans * 1e6:.0f} µs", flush=True)
         print(f"{'':>7} a session waiting for a lock in {waits.pop('waiting', 0):,} of {waits.pop('looks', 0):,} looks "
               f"at pg_stat_activity ({', '.join(f'{kind} {n}' for kind, n in waits.most_common()) or 'none'})",
               flush=True)
