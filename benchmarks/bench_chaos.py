@@ -46,7 +46,7 @@ from benchmarks.load import (
     django_env,
     project_key_and_session,
     setup_django,
-    stored_ids,
+    losses,
     wait_until_converged,
 )
 
@@ -106,18 +106,12 @@ def _load_and_kill(server: Server, project, key: str, session: str, args: argpar
     converged, off = wait_until_converged(project.pk, timeout=args.converge_timeout)
     stop_watch.set()
     watcher.join()
-    span_ids, calls, span_rows, execution_rows = stored_ids(project.pk)
     return {
         "db": db,
         "batches": acknowledged.batches,
         "acked_spans": len(acknowledged.span_ids),
         "acked_records": len(acknowledged.tool_call_ids),
-        "stored_spans": span_rows,
-        "stored_records": execution_rows,
-        "lost_spans": len(acknowledged.span_ids - span_ids),
-        "lost_records": len(acknowledged.tool_call_ids - calls),
-        "duplicate_spans": span_rows - len(span_ids),
-        "duplicate_records": execution_rows - len(calls),
+        **losses(project.pk, span_ids=acknowledged.span_ids, tool_call_ids=acknowledged.tool_call_ids),
         "retries": acknowledged.retries,
         "connection_errors": acknowledged.connection_errors,
         "refused": acknowledged.refused,

@@ -130,26 +130,41 @@ def run(args: argparse.Namespace) -> None:
             server = Server(env)
             server.start()
             try:
-                soak(server, project, key, session, args)
+                soak([server], project, key, session, args)
             finally:
                 server.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def soak(server: Server, project, key: str, session: str, args: argparse.Namespace) -> None:
+def soak_agents(ports: tuple[int, ...], key: str, acknowledged: Acknowledged, *, agents: int,
+                tool_every: int) -> list[Agent]:
+    """The soak's agents, spread over the servers' ports: each its own turn of batch
+    sizes, a batch of 50 records after every four span batches."""
+    return [
+        Agent(ports[index % len(ports)], key, acknowledged,
+              span_batch_sizes=BATCH_SIZES[index % 4:] + BATCH_SIZES[:index % 4],
+              records_per_batch=50, records_every=4, seed=index, tool_every=tool_every, also=ports)
+        for index in range(agents)
+    ]
+
+
+def soak(servers: list[Server], project, key: str, session: str,
+         args: argparse.Namespace) -> tuple[Acknowledged, float | None]:
+    """The load, a line a window, the convergence after it. With several servers the
+    agents are spread over them (each turning to the others while its own does not
+    answer), the reader reads from the last, memory is summed over them. Returns what
+    was acknowledged and the seconds until the derived data agreed with the rows (None:
+    not within the timeout)."""
     from django.db import close_old_connections
 
     acknowledged = Acknowledged()
     stop, stop_watch = threading.Event(), threading.Event()
     per_agent = args.rate / args.agents
-    agents = [
-        Agent(server.port, key, acknowledged, span_batch_sizes=BATCH_SIZES[index % 4:] + BATCH_SIZES[:index % 4],
-              records_per_batch=50, records_every=4, seed=index, tool_every=args.tool_every)
-        for index in range(args.agents)
-    ]
-    reader = PageReader(server.port, session, project.slug)
-    sampler = RssSampler(server)
+    ports = tuple(server.port for server in servers)
+    agents = soak_agents(ports, key, acknowledged, agents=args.agents, tool_every=args.tool_every)
+    reader = PageReader(ports[-1], session, project.slug)
+    sampler = RssSampler(*servers)
     lag = LagTracker(acknowledged)
     threads = [threading.Thread(target=agent.run, args=(stop,), kwargs={"spans_per_second": per_agent}) for agent in agents]
     threads.append(threading.Thread(target=reader.run, args=(stop,), kwargs={"pause": 1.0}))
@@ -215,6 +230,7 @@ def soak(server: Server, project, key: str, session: str, args: argparse.Namespa
         for line in waiting_notes(project.pk):
             print(f"  {line}")
     print("targets: lag p95 < 10 s, PSS < 400 MB and flat, page p95 < 500 ms, converged within 60 s")
+    return acknowledged, converged
 
 
 def main(argv: list[str] | None = None) -> None:

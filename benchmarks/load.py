@@ -66,42 +66,32 @@ def pss_mib(pids: list[int]) -> float:
 # --- the server -------------------------------------------------------------------
 
 
-class Server:
-    """gunicorn with deploy/gunicorn.conf.py (2 workers x 4 threads by default) on a
-    free loopback port, in its own process group so a SIGKILL takes all of it."""
+class ProcessGroup:
+    """A command in its own process group (a gunicorn master and its workers, a Celery
+    worker and its pool), so a SIGKILL takes all of it at once; stopped by its PID.
+    Its stderr goes to ``log`` (a file path, appended to) or a temporary file."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.port = free_port()
-        self.env = {**env, "OBSERVATORY_BIND": f"127.0.0.1:{self.port}", "WEB_ACCESS_LOG": "/dev/null", "WEB_LOG_LEVEL": "warning"}
+    def __init__(self, command: list[str], env: dict[str, str], *, log: Path | None = None) -> None:
+        self.command, self.env, self.log_path = command, env, log
         self.process: subprocess.Popen | None = None
-        self.log = tempfile.TemporaryFile()  # gunicorn's stderr, shown when it fails
+        self.log = open(log, "a+b") if log else tempfile.TemporaryFile()
 
-    def start(self, *, deadline: float = 60) -> float:
-        """Start and wait until it answers; returns the seconds that took."""
-        started = time.monotonic()
-        self.process = subprocess.Popen(
-            [GUNICORN, "-c", str(ROOT / "deploy" / "gunicorn.conf.py"), "dashboard.wsgi:application"],
-            cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True,
-        )
-        while time.monotonic() - started < deadline:
-            if self.process.poll() is not None:
-                self.log.seek(0)
-                raise SystemExit(f"gunicorn exited during start-up:\n{self.log.read()[-2000:].decode(errors='replace')}")
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                connection.request("GET", "/accounts/login/")
-                connection.getresponse().read()
-                connection.close()
-                return time.monotonic() - started
-            except OSError:
-                time.sleep(0.1)
-        raise SystemExit(f"gunicorn did not answer within {deadline} s")
+    def spawn(self) -> None:
+        self.process = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL,
+                                        stderr=self.log, start_new_session=True)
+
+    def exited(self) -> str | None:
+        """None while it runs; else the end of what it wrote."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        return os.pread(self.log.fileno(), 2000, max(0, os.fstat(self.log.fileno()).st_size - 2000)).decode(
+            errors="replace")
 
     def pids(self) -> list[int]:
         return process_tree(self.process.pid) if self.process and self.process.poll() is None else []
 
     def kill(self) -> None:
-        """SIGKILL to the master and every worker at once: nothing gets to clean up."""
+        """SIGKILL to the whole group at once: nothing gets to clean up."""
         if self.process and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
@@ -114,6 +104,36 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=30)
+
+
+class Server(ProcessGroup):
+    """gunicorn with deploy/gunicorn.conf.py (2 workers x 4 threads by default) on a
+    free loopback port (of BENCH_PORTS when set), in its own process group."""
+
+    def __init__(self, env: dict[str, str], *, log: Path | None = None) -> None:
+        self.port = free_port()
+        super().__init__(
+            [GUNICORN, "-c", str(ROOT / "deploy" / "gunicorn.conf.py"), "dashboard.wsgi:application"],
+            {**env, "OBSERVATORY_BIND": f"127.0.0.1:{self.port}", "WEB_ACCESS_LOG": "/dev/null", "WEB_LOG_LEVEL": "warning"},
+            log=log,
+        )
+
+    def start(self, *, deadline: float = 60) -> float:
+        """Start and wait until it answers; returns the seconds that took."""
+        started = time.monotonic()
+        self.spawn()
+        while time.monotonic() - started < deadline:
+            if (said := self.exited()) is not None:
+                raise SystemExit(f"gunicorn exited during start-up:\n{said}")
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                connection.request("GET", "/accounts/login/")
+                connection.getresponse().read()
+                connection.close()
+                return time.monotonic() - started
+            except OSError:
+                time.sleep(0.1)
+        raise SystemExit(f"gunicorn did not answer within {deadline} s")
 
 
 # --- agents -----------------------------------------------------------------------
@@ -138,12 +158,20 @@ class Agent:
     """One sender: alternates OTLP span batches (GenAI tool spans naming a
     conversation, among plain spans) and record batches, each retried as an
     exporter does (Retry-After on 429/503, a short pause after a connection error)
-    until acknowledged or the stop event is set."""
+    until acknowledged or the stop event is set.
+
+    With ``also`` (other servers' ports), a port that refuses the connection is left
+    for the next, as a load balancer takes a dead node out, and tried again
+    HOME_AFTER seconds later."""
+
+    HOME_AFTER = 10.0  # seconds on another server before trying its own again
 
     def __init__(self, port: int, key: str, acknowledged: Acknowledged, *, span_batch_sizes: tuple[int, ...],
                  records_per_batch: int, seed: int, records_every: int = 1, conversations: int = 20,
-                 tool_every: int = 4) -> None:
+                 tool_every: int = 4, also: tuple[int, ...] = ()) -> None:
         self.port, self.key, self.acknowledged = port, key, acknowledged
+        self.ports = [port, *(other for other in also if other != port)]
+        self.home_at = 0.0  # when to go back to ports[0], having left it
         self.tool_every = tool_every  # one span in this many is a GenAI tool span
         self.span_batch_sizes, self.records_per_batch, self.records_every = span_batch_sizes, records_per_batch, records_every
         self.random = random.Random(seed)
@@ -151,12 +179,15 @@ class Agent:
         self.conversations = conversations
         self.connection: http.client.HTTPConnection | None = None
 
-    def run(self, stop: threading.Event, *, spans_per_second: float = 0.0) -> None:
-        """Send until ``stop``: span batches of the sizes in turn, a record batch after
-        every ``records_every`` of them; at most ``spans_per_second`` when given."""
+    def run(self, stop: threading.Event, *, spans_per_second: float = 0.0, turns: int | None = None) -> None:
+        """Send until ``stop`` (or ``turns`` span batches): span batches of the sizes in
+        turn, a record batch after every ``records_every`` of them; at most
+        ``spans_per_second`` when given."""
         turn = 0
-        while not stop.is_set():
+        while not stop.is_set() and (turns is None or turn < turns):
             started = time.monotonic()
+            if self.port != self.ports[0] and started >= self.home_at:
+                self._switch(self.ports[0])
             size = self.span_batch_sizes[turn % len(self.span_batch_sizes)]
             self._deliver(stop, *self._span_batch(size))
             if self.records_per_batch and turn % self.records_every == self.records_every - 1:
@@ -166,6 +197,11 @@ class Agent:
                 stop.wait(max(0.0, size / spans_per_second - (time.monotonic() - started)))
         if self.connection:
             self.connection.close()
+
+    def _switch(self, port: int) -> None:
+        if self.connection:
+            self.connection.close()
+        self.connection, self.port = None, port
 
     def _conversation(self) -> str:
         return f"{self.conversation_prefix}-{self.random.randrange(self.conversations)}"
@@ -243,6 +279,9 @@ class Agent:
                     continue
                 with acknowledged.lock:
                     acknowledged.connection_errors += 1
+                if len(self.ports) > 1:
+                    self._switch(self.ports[(self.ports.index(self.port) + 1) % len(self.ports)])
+                    self.home_at = time.monotonic() + self.HOME_AFTER
                 stop.wait(0.5)
                 continue
             if response.status == 200 and path == "/api/v1/records" and json.loads(content).get("rejected"):
@@ -330,19 +369,23 @@ def percentile(values: list[float], pct: float) -> float:
 
 
 class RssSampler:
-    """The server's summed RSS and PSS every ``every`` seconds, and each process's
-    peak RSS (the master first), so a report can say which process grew."""
+    """The servers' summed RSS and PSS every ``every`` seconds, and each process's
+    peak RSS (the master first), so a report can say which process grew. Sums over
+    every group given (several servers, or their Celery workers too)."""
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
+    def __init__(self, *groups: ProcessGroup) -> None:
+        self.groups = groups
         self.samples: list[tuple[float, float]] = []
         self.pss_samples: list[float] = []
         self.pss_timed: list[tuple[float, float]] = []
         self.process_peaks: dict[int, float] = {}
+        self.leaders: set[int] = set()  # each group's first process (gunicorn's master, Celery's main)
 
     def run(self, stop: threading.Event, *, every: float = 0.5) -> None:
         while not stop.is_set():
-            pids = self.server.pids()
+            trees = [group.pids() for group in self.groups]
+            self.leaders.update(tree[0] for tree in trees if tree)
+            pids = [pid for tree in trees for pid in tree]
             if pids:
                 now = time.time()
                 self.samples.append((now, rss_mib(pids)))
@@ -356,11 +399,13 @@ class RssSampler:
         return max((value for at, value in self.pss_timed if at >= since), default=0.0)
 
     def process_summary(self) -> str:
-        """Peak RSS per process, the master first: ``master 80, workers 150 160 …`` (MB)."""
+        """Peak RSS per process, the masters first: ``master 80, workers 150 160 …`` (MB)."""
         if not self.process_peaks:
             return "no processes sampled"
-        master, *workers = self.process_peaks.values()
-        return f"master {master:.0f}, workers {' '.join(f'{rss:.0f}' for rss in workers)} (peak RSS each, MB)"
+        masters = [rss for pid, rss in self.process_peaks.items() if pid in self.leaders]
+        workers = [rss for pid, rss in self.process_peaks.items() if pid not in self.leaders]
+        return (f"master{'s' if len(masters) > 1 else ''} {' '.join(f'{rss:.0f}' for rss in masters)}, "
+                f"workers {' '.join(f'{rss:.0f}' for rss in workers)} (peak RSS each, MB)")
 
     @property
     def peak(self) -> float:
@@ -446,6 +491,20 @@ def stored_ids(project_id: int) -> tuple[set[str], set[str], int, int]:
     span_ids = set(spans.values_list("span_id", flat=True).iterator(chunk_size=20_000))
     calls = set(executions.values_list("tool_call_id", flat=True).iterator(chunk_size=20_000))
     return span_ids, calls, spans.count(), executions.count()
+
+
+def losses(project_id: int, *, span_ids: set[str], tool_call_ids: set[str]) -> dict[str, int]:
+    """Of the acknowledged span ids and tool call ids, those not stored, and the rows
+    stored twice (each should be 0); and the rows stored."""
+    stored_spans, calls, span_rows, execution_rows = stored_ids(project_id)
+    return {
+        "stored_spans": span_rows,
+        "stored_records": execution_rows,
+        "lost_spans": len(span_ids - stored_spans),
+        "lost_records": len(tool_call_ids - calls),
+        "duplicate_spans": span_rows - len(stored_spans),
+        "duplicate_records": execution_rows - len(calls),
+    }
 
 
 def divergence(project_id: int) -> dict[str, int]:
@@ -584,14 +643,9 @@ def check(project_id: int, acknowledged_file: Path) -> dict[str, Any]:
     """Compare the stored rows with the acknowledged ids in ``acknowledged_file`` (JSON
     ``{"span_ids": [...], "tool_call_ids": [...]}``) and measure ``divergence``."""
     acked = json.loads(acknowledged_file.read_text())
-    span_ids, calls, span_rows, execution_rows = stored_ids(project_id)
-    return {
-        "lost_spans": len(set(acked["span_ids"]) - span_ids),
-        "lost_records": len(set(acked["tool_call_ids"]) - calls),
-        "duplicate_spans": span_rows - len(span_ids),
-        "duplicate_records": execution_rows - len(calls),
-        "divergence": divergence(project_id),
-    }
+    found = losses(project_id, span_ids=set(acked["span_ids"]), tool_call_ids=set(acked["tool_call_ids"]))
+    return {**{name: value for name, value in found.items() if not name.startswith("stored_")},
+            "divergence": divergence(project_id)}
 
 
 if __name__ == "__main__":

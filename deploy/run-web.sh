@@ -3,6 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-"$PY" manage.py migrate --noinput
+# WEB_MIGRATE=0 on the nodes after the first: two nodes applying a new migration at once can fail.
+if [ "${WEB_MIGRATE:-1}" != 0 ]; then
+  "$PY" manage.py migrate --noinput
+fi
 "$PY" manage.py collectstatic --noinput >/dev/null
 exec "$PY" -m gunicorn --config deploy/gunicorn.conf.py dashboard.wsgi:application

@@ -34,6 +34,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -57,7 +58,11 @@ from .passes import PASSES
 logger = logging.getLogger(__name__)
 
 NOTE_BATCH = 500  # notes one pass claims
-LEASE = timedelta(seconds=30)  # a pass takes well under this; past it another drainer may take over
+# How long a drainer's claim holds unless renewed: what notes of a drainer killed mid-pass
+# wait before another takes them. A live drainer renews it while it derives (lease_kept).
+LEASE = timedelta(seconds=30)
+# A pass still going after this long lets its notes go to another drainer (a hung pass).
+LEASE_KEPT_AT_MOST = timedelta(minutes=10)
 # How long before its note a batch's rows may have been received (the ingest
 # transaction between them waits at most the database's busy timeout); generous.
 # Only for notes without rows_from (not written by an ingest request).
@@ -98,26 +103,70 @@ def outbox_drain(*, limit: int = NOTE_BATCH) -> DrainOutcome:
     by_project: dict[int, list[DerivationNote]] = defaultdict(list)
     for note in notes:
         by_project[note.project_id].append(note)
-    for project_id, group in by_project.items():
-        yield_to_pages()  # the runner shares the web process with the pages
-        try:
-            passes_run(_merged(group))
-        except Exception as exc:
-            if database_busy(exc):
-                # A busy database says nothing about the notes: the whole group again soon,
-                # merged. Deriving 6,000 notes one by one after "database is locked" had
-                # each recompute its hour's rollups: the soak's backlog then never drained.
-                _delay_busy(group, f"{type(exc).__name__}: {exc}"[:ERROR_LENGTH])
-                outcome.failed += len(group)
-                continue
-            logger.warning("derivation pass of %d notes of project %d failed; deriving them one by one",
-                           len(group), project_id, exc_info=True)
-            for note in group:
-                _derive_alone(note, outcome)
-            continue
-        DerivationNote.objects.filter(id__in=[note.pk for note in group]).delete()
-        outcome.notes += len(group)
+    with lease_kept([note.pk for note in notes]):
+        for project_id, group in by_project.items():
+            _project_drain(project_id, group, outcome)
     return outcome
+
+
+def _project_drain(project_id: int, group: list[DerivationNote], outcome: DrainOutcome) -> None:
+    """Derive one project's claimed notes, merged; on failure, note by note."""
+    yield_to_pages()  # the runner shares the web process with the pages
+    try:
+        passes_run(_merged(group))
+    except Exception as exc:
+        if database_busy(exc):
+            # A busy database says nothing about the notes: the whole group again soon,
+            # merged. Deriving 6,000 notes one by one after "database is locked" had
+            # each recompute its hour's rollups: the soak's backlog then never drained.
+            _delay_busy(group, f"{type(exc).__name__}: {exc}"[:ERROR_LENGTH])
+            outcome.failed += len(group)
+            return
+        logger.warning("derivation pass of %d notes of project %d failed; deriving them one by one",
+                       len(group), project_id, exc_info=True)
+        for note in group:
+            _derive_alone(note, outcome)
+        return
+    DerivationNote.objects.filter(id__in=[note.pk for note in group]).delete()
+    outcome.notes += len(group)
+
+
+@contextlib.contextmanager
+def lease_kept(ids: list[int]) -> Iterator[None]:
+    """While the block derives these claimed notes, renew their lease every third of
+    LEASE (for at most LEASE_KEPT_AT_MOST), from a thread with its own connection.
+
+    A merged pass of 500 notes can outlast the lease: 37 s each on a busy 2-core
+    machine (bench_cluster --drain). Past it a second drainer claimed the same notes and
+    derived them again while the first was still at it: two workers did 1,776 notes'
+    work for a backlog of 1,273. Renewed, the lease still ends 30 s after a drainer is
+    killed. On SQLite one drainer derives at a time (``drain_exclusive``): nothing to
+    keep the notes from, and the renewal would wait for the drainer's own write lock."""
+    connection = connections[router.db_for_write(DerivationNote)]
+    if not ids or connection.vendor == "sqlite":
+        yield
+        return
+    done = threading.Event()
+
+    def renew() -> None:
+        until = time.monotonic() + LEASE_KEPT_AT_MOST.total_seconds()
+        try:
+            while not done.wait(LEASE.total_seconds() / 3) and time.monotonic() < until:
+                # Only the notes still claimed: one the block let go (a failure's backoff) stays so.
+                DerivationNote.objects.filter(id__in=ids, claimed_until__isnull=False).update(
+                    claimed_until=timezone.now() + LEASE)
+        except Exception:  # the lease then ends as if not renewed: another drainer may take over
+            logger.warning("renewing the lease of %d derivation notes failed", len(ids), exc_info=True)
+        finally:
+            connections.close_all()  # this thread's own
+
+    thread = threading.Thread(target=renew, name="observatory-lease", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def outbox_drain_all(
