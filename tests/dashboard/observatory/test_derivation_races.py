@@ -77,3 +77,22 @@ def test_it_keeps_a_user_another_writer_set_while_it_was_reading(project, record
     assert totals.conversation_totals_refresh(conversation_ids=[conversation.pk]) == 1
     conversation.refresh_from_db()
     assert (conversation.user_id, conversation.messages) == ("ana", 1)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="several nodes share a database on PostgreSQL only")
+def test_a_node_whose_clock_runs_ahead_stamps_its_pass_by_the_database_clock(project, records, monkeypatch):
+    """A pass stamps when it began by the database's clock: with its node's own, a node an
+    hour ahead would have its older pass win over every newer one for that hour."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from dashboard.observatory.dbfunctions import database_now
+
+    store(project, [records.message(conversation="c", index=0)])
+    conversation = Conversation.objects.get()
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(hours=1))  # this node's clock
+    totals.conversation_totals_refresh(conversation_ids=[conversation.pk])
+    conversation.refresh_from_db()
+    assert abs(conversation.totals_updated_at - database_now()) < timedelta(minutes=1)

@@ -10,6 +10,7 @@ later is never overwritten, so two drainers can finish in any order.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from contextlib import nullcontext
 from datetime import datetime, timedelta
@@ -23,7 +24,7 @@ from django.utils import timezone
 
 from dashboard.priority import yield_to_pages
 from dashboard.observatory import costs
-from dashboard.observatory.dbfunctions import HourUTC
+from dashboard.observatory.dbfunctions import HourUTC, database_now
 from dashboard.observatory.histogram import LATENCY_BUCKET_BOUNDS_MS, bucket_index, empty_histogram
 from dashboard.observatory.models import (
     SPAN_TOOL_UNDERIVED,
@@ -104,7 +105,7 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime] = (), min
         by_hour[hour_of(minute)].append(minute)
     written = 0
     for hour, hour_minutes in sorted(by_hour.items()):
-        began = timezone.now()
+        began, clock = database_now(), time.monotonic()
         slices = {minute: _minute_stats(project_id, minute) for minute in hour_minutes}
         with step(), transaction.atomic():
             newer = _slices_newer(project_id, hour, hour_minutes, began)
@@ -117,7 +118,7 @@ def tool_rollups_refresh(*, project_id: int, hours: Iterable[datetime] = (), min
                 for tool_name, entry in [(MINUTE_MARK, _empty_rollup()), *stats.items()]
             )
             written += _hour_sum(project_id, hour)
-        seconds = (timezone.now() - began).total_seconds()
+        seconds = time.monotonic() - clock
         for minute in hour_minutes:
             _recompute_cost_note(project_id, minute, seconds / len(hour_minutes))
     return written
@@ -251,7 +252,7 @@ def rollup_minutes_due(*, project_id: int, minutes: Iterable[datetime], interval
     minutes = sorted({minute_of(minute) for minute in minutes})
     if interval <= timedelta(0) or not minutes:
         return minutes, [], None
-    now = timezone.now()
+    now = database_now()  # the clock the slices were stamped by
     last = dict(ToolMinuteRollup.objects.filter(project_id=project_id, minute__in=minutes).values("minute")
                 .order_by().annotate(last=Max("updated_at")).values_list("minute", "last"))
     next_due = {

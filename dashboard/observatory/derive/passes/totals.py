@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from dashboard.priority import yield_to_pages
 from dashboard.observatory import costs
-from dashboard.observatory.dbfunctions import MinuteUTC
+from dashboard.observatory.dbfunctions import MinuteUTC, database_now
 from dashboard.observatory.models import (
     CompressionEvent,
     Conversation,
@@ -109,7 +109,7 @@ def conversation_totals_refresh(*, conversation_ids: Iterable[int], minutes: Ite
     ids = sorted(set(conversation_ids))
     if not ids:
         return 0
-    began = timezone.now()
+    began = database_now()
     slices = _slices_read(ids, None if minutes is None else sorted({minute_of(m) for m in minutes}))
     conversations, round_updates, pricing = _conversation_totals_read(ids, slices, scope)
     yield_to_pages()
