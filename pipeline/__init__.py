@@ -266,6 +266,7 @@ from ._observability import (
 )
 from ._span_export import SpanDeliveryProcessor
 from ._records import IngestResponse, RejectedRecord, register_migration
+from ._scores import ScoreRecord
 from ._remote_config import ConfigPayload, EffectiveConfig, RemoteConfig, RemoteConfigStats
 
 __all__ += [
@@ -279,6 +280,7 @@ __all__ += [
     "RejectedRecord",
     "RemoteConfig",
     "RemoteConfigStats",
+    "ScoreRecord",
     "SpanDeliveryProcessor",
     "SpanHandle",
     "Telemetry",

@@ -1,0 +1,183 @@
+"""Scores, the project's score configs, and the history of each score's edits.
+
+A score judges one thing: a conversation, a round, a tool call, a span (trace and
+span id), a model response (``gen_ai.response.id``) or a whole trace. What the
+sender named is kept as sent (``conversation_key``, ``round_key``, ``tool_call_id``,
+``trace_id``, ``span_id``, ``response_id``); the rows it names are linked when known
+(``conversation``, ``round``, ``tool_execution``): at once when they are stored
+already, else by the scores' link pass when they arrive (``judging.links``). Rounds
+and tool executions derived from spans may be replaced by the records that describe
+them (observatory.derive.passes.span_rows), so those links are SET_NULL and found
+again from the keys; a conversation's scores go with it (retention).
+
+``score_id`` is the sender's (the API, an evaluator) or made from what is scored
+(the pages, OpenTelemetry events): (project, score_id) is unique, so a retried score
+is stored once, and the same id with another value is an edit, kept in ScoreEdit.
+
+Every index below serves a query a page or the link pass makes; the comment says which.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from dashboard.accounts.models import ApiKey, Project
+from dashboard.observatory.models import ID_LENGTH, TOOL_CALL_ID_LENGTH, Conversation, Round, ToolExecution
+
+from .rules import LABEL_LENGTH, ScoreKind, config_problems
+
+
+class ScoreSource(models.TextChoices):
+    API = "api", "API"
+    UI = "ui", "UI"
+    OTEL = "otel", "OpenTelemetry"
+
+
+class ScoreTarget(models.TextChoices):
+    CONVERSATION = "conversation", "conversation"
+    ROUND = "round", "round"
+    TOOL_CALL = "tool_call", "tool call"
+    SPAN = "span", "span"
+    RESPONSE = "response", "model response"
+    TRACE = "trace", "trace"
+
+
+class ScoreConfig(models.Model):
+    """What a score of this name may be, in one project. A score whose name has a
+    config is checked against it (``judging.rules.score_refusal``) and refused
+    when outside; a name with no config takes any value."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="score_configs", db_index=False)
+    name = models.CharField(max_length=ID_LENGTH)
+    kind = models.CharField(max_length=16, choices=ScoreKind.choices, default=ScoreKind.NUMERIC)
+    min_value = models.FloatField(null=True, blank=True, help_text="numeric: the lowest value allowed")
+    max_value = models.FloatField(null=True, blank=True, help_text="numeric: the highest value allowed")
+    labels = models.JSONField(default=list, blank=True, help_text='categorical: the labels allowed, e.g. ["good", "bad"]')
+    negative_labels = models.JSONField(
+        default=list, blank=True, help_text="categorical: the labels that count as negative feedback"
+    )
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="score_config_name_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+    def clean(self) -> None:
+        problems = config_problems(kind=self.kind, min_value=self.min_value, max_value=self.max_value,
+                                   labels=self.labels, negative_labels=self.negative_labels)
+        if problems:
+            raise ValidationError(problems)
+
+
+class Score(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
+    score_id = models.CharField(max_length=ID_LENGTH)
+    name = models.CharField(max_length=ID_LENGTH)
+    kind = models.CharField(max_length=16, choices=ScoreKind.choices)
+    value = models.FloatField(null=True, blank=True)  # numeric, or 1/0 for a boolean
+    label = models.CharField(max_length=LABEL_LENGTH, blank=True)
+    comment = models.TextField(blank=True)
+    # Negative feedback: false, a label the config calls negative, a number in the
+    # lower half of the config's range (set on every write: judging.services).
+    negative = models.BooleanField(default=False)
+    source = models.CharField(max_length=8, choices=ScoreSource.choices)
+    author_user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                    related_name="+")
+    author_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    author_name = models.CharField(max_length=150, blank=True)  # kept when the user or key is gone
+    occurred_at = models.DateTimeField(default=timezone.now)  # when the judgement was made
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    # What the sender named, as sent.
+    target = models.CharField(max_length=16, choices=ScoreTarget.choices)
+    conversation_key = models.CharField(max_length=ID_LENGTH, blank=True)
+    round_key = models.CharField(max_length=ID_LENGTH, blank=True)
+    tool_call_id = models.CharField(max_length=TOOL_CALL_ID_LENGTH, blank=True)
+    trace_id = models.CharField(max_length=32, blank=True)
+    span_id = models.CharField(max_length=16, blank=True)
+    response_id = models.CharField(max_length=ID_LENGTH, blank=True)
+
+    # The rows it names, once known.
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, null=True, blank=True,
+                                     related_name="+", db_index=False)
+    round = models.ForeignKey(Round, on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+                              db_index=False)
+    tool_execution = models.ForeignKey(ToolExecution, on_delete=models.SET_NULL, null=True, blank=True,
+                                       related_name="+", db_index=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "score_id"], name="score_id_unique"),
+        ]
+        indexes = [
+            # the scores list, newest first
+            models.Index(fields=["project", "-occurred_at"], name="score_project_time"),
+            # a name's distribution and mean over time
+            models.Index(fields=["project", "name", "occurred_at"], name="score_project_name_time"),
+            # a conversation's scores (timeline, compare, list filters), and its cascade
+            models.Index(fields=["conversation", "name"], name="score_conversation",
+                         condition=Q(conversation__isnull=False)),
+            # SET_NULL when a round or tool execution goes
+            models.Index(fields=["round"], name="score_round", condition=Q(round__isnull=False)),
+            models.Index(fields=["tool_execution"], name="score_tool_execution",
+                         condition=Q(tool_execution__isnull=False)),
+            # the trace page; the link pass by trace
+            models.Index(fields=["project", "trace_id"], name="score_trace", condition=~Q(trace_id="")),
+            # the link pass: scores still waiting for their conversation, by its key
+            models.Index(fields=["project", "conversation_key"], name="score_waiting_conversation",
+                         condition=Q(conversation__isnull=True) & ~Q(conversation_key="")),
+            # the link pass: scores of a tool call, by its id
+            models.Index(fields=["project", "tool_call_id"], name="score_tool_call", condition=~Q(tool_call_id="")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.shown_value} on {self.target}"
+
+    @property
+    def shown_value(self) -> str:
+        """The value as a reader says it: true/false, the label, the number."""
+        if self.kind == ScoreKind.BOOLEAN:
+            return "true" if self.value else "false"
+        if self.value is None:
+            return self.label
+        number = f"{self.value:g}"
+        return f"{number} ({self.label})" if self.label else number
+
+    @property
+    def linked(self) -> bool:
+        """Whether the thing it judges is found (a trace-wide score: its conversation)."""
+        if self.target == ScoreTarget.TOOL_CALL:
+            return self.tool_execution_id is not None
+        if self.target == ScoreTarget.ROUND:
+            return self.round_id is not None
+        return self.conversation_id is not None
+
+
+class ScoreEdit(models.Model):
+    """One change of a stored score: who (a user, an API key, an evaluator's key),
+    through what, when, and each changed field's value before and after."""
+
+    score = models.ForeignKey(Score, on_delete=models.CASCADE, related_name="edits")
+    changed_at = models.DateTimeField(default=timezone.now)
+    by_user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                related_name="+")
+    by_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    by_name = models.CharField(max_length=150, blank=True)
+    source = models.CharField(max_length=8, choices=ScoreSource.choices)
+    changes = models.JSONField(default=dict)  # {"value": [before, after], "comment": [before, after], ...}
+
+    class Meta:
+        ordering = ["changed_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.by_name or 'someone'} changed {', '.join(self.changes)}"

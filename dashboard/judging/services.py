@@ -1,0 +1,207 @@
+"""Writes of scores: one store path for the API, the pages and OpenTelemetry events.
+
+``scores_store`` takes validated ``pipeline.ScoreRecord``s and who sends them
+(``Author``), checks each against its name's config (``rules.score_refusal``), and
+in the caller's transaction stores the new ones, counts the ones already stored
+unchanged (a retried score), and applies the changed ones as edits with their
+history (``ScoreEdit``). A score id keeps what it scores: the same id naming another
+target is refused, not moved. Each refusal is per score, with its position, like
+the records API; the others are stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Sequence
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from dashboard.accounts.models import ApiKey, Project
+from pipeline import ScoreRecord
+
+from .links import CHUNK, targets_resolve
+from .models import Score, ScoreConfig, ScoreEdit, ScoreSource
+from .rules import ConfigRules, is_negative, kind_of, score_refusal
+
+ERROR_LENGTH = 300
+# The fields an edit may change, and what ScoreEdit records of them.
+EDITABLE = ("name", "kind", "value", "label", "comment", "negative", "occurred_at")
+
+
+@dataclass(frozen=True, slots=True)
+class Author:
+    """Who sends scores: a member on a page, or an API key (the API, an OpenTelemetry
+    exporter)."""
+
+    source: str
+    user: AbstractBaseUser | None = None
+    key_id: int | None = None
+    name: str = ""
+
+    @classmethod
+    def of_user(cls, user: AbstractBaseUser) -> Author:
+        return cls(ScoreSource.UI, user=user, name=user.get_username()[:150])
+
+    @classmethod
+    def of_key(cls, key_id: int | None, source: str = ScoreSource.API) -> Author:
+        key = ApiKey.objects.filter(pk=key_id).only("name", "prefix").first() if key_id else None
+        return cls(source, key_id=key_id, name=f"key {key.name} (po_{key.prefix}_…)"[:150] if key else "")
+
+
+@dataclass
+class ScoresOutcome:
+    accepted: int = 0  # new scores stored
+    duplicates: int = 0  # already stored as sent (a retry)
+    updated: int = 0  # stored before with other values: edited
+    rejected: list[dict[str, Any]] = field(default_factory=list)  # {"index", "error"}
+    scores: list[Score] = field(default_factory=list)  # the rows stored or edited
+
+
+def configs_for(project: Project, names: set[str]) -> dict[str, ConfigRules]:
+    """The configs of these score names in the project, as the checks read them."""
+    found: dict[str, ConfigRules] = {}
+    names_list = sorted(names)
+    for start in range(0, len(names_list), CHUNK):
+        for config in ScoreConfig.objects.filter(project=project, name__in=names_list[start:start + CHUNK]):
+            found[config.name] = rules_of(config)
+    return found
+
+
+def rules_of(config: ScoreConfig) -> ConfigRules:
+    return ConfigRules(config.name, config.kind, config.min_value, config.max_value,
+                       tuple(config.labels), tuple(config.negative_labels))
+
+
+def scores_store(*, project: Project, scores: Sequence[ScoreRecord], author: Author,
+                 indexes: Sequence[int] | None = None) -> ScoresOutcome:
+    """Store a batch of scores in the caller's transaction (or one of its own).
+    ``indexes`` are the scores' positions in what the sender sent (for refusals)."""
+    positions = list(indexes) if indexes is not None else list(range(len(scores)))
+    outcome = ScoresOutcome()
+    if not scores:
+        return outcome
+    configs = configs_for(project, {score.name for score in scores})
+    now = timezone.now()
+    # score_id -> (position, row, whether the sender gave its time): the last one sent wins
+    rows: dict[str, tuple[int, Score, bool]] = {}
+    for position, record in zip(positions, scores):
+        config = configs.get(record.name)
+        refusal = score_refusal(config, record.value, record.label)
+        if refusal is not None:
+            outcome.rejected.append({"index": position, "error": refusal[:ERROR_LENGTH]})
+            continue
+        rows[record.score_id] = (position, _row(project, record, config, author, now),
+                                 "occurred_at" in record.model_fields_set)
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                _store_rows(project, rows, author, now, outcome)
+        except IntegrityError:
+            # A score id stored by a concurrent request since we looked: look again (once).
+            outcome = ScoresOutcome(rejected=[r for r in outcome.rejected if r["index"] not in
+                                              {position for position, _, _ in rows.values()}])
+            _store_rows(project, rows, author, now, outcome)
+    outcome.rejected.sort(key=lambda item: item["index"])
+    return outcome
+
+
+def _store_rows(project: Project, rows: dict[str, tuple[int, Score, bool]], author: Author, now: datetime,
+                outcome: ScoresOutcome) -> None:
+    stored = _stored(project, list(rows))
+    new = []
+    for score_id, (position, row, timed) in rows.items():
+        old = stored.get(score_id)
+        if old is None:
+            new.append(row)
+        elif _target(old) != _target(row):
+            outcome.rejected.append({"index": position, "error": f"score_id {score_id[:80]!r} already scores "
+                                     f"another {old.target}; send a new score_id"})
+        else:
+            if not timed:  # a retry of a score sent without its time is the same score
+                row.occurred_at = old.occurred_at
+            changes = _changes(old, row)
+            if not changes:
+                outcome.duplicates += 1
+                continue
+            _edit(old, changes, author, now)
+            outcome.updated += 1
+            outcome.scores.append(old)
+    targets_resolve(project.pk, new)
+    Score.objects.bulk_create(new)
+    outcome.accepted += len(new)
+    outcome.scores.extend(new)
+
+
+def _row(project: Project, record: ScoreRecord, config: ConfigRules | None, author: Author, now: datetime) -> Score:
+    kind = config.kind if config is not None else kind_of(record.value, record.label)
+    value = None if record.value is None else float(record.value)
+    label = record.label or ""
+    return Score(
+        project=project, score_id=record.score_id, name=record.name, kind=kind, value=value, label=label,
+        comment=record.comment or "", negative=is_negative(config, kind, value, label), source=author.source,
+        author_user=author.user, author_key_id=author.key_id, author_name=author.name,
+        occurred_at=record.occurred_at, created_at=now, updated_at=now, target=record.target,
+        conversation_key=record.conversation_id or "", round_key=record.round_id or "",
+        tool_call_id=record.tool_call_id or "", trace_id=record.trace_id or "", span_id=record.span_id or "",
+        response_id=record.response_id or "",
+    )
+
+
+def _target(score: Score) -> tuple[str, ...]:
+    """What a score judges, as sent (a response's trace and span are found, not sent)."""
+    span = () if score.target == "response" else (score.trace_id, score.span_id)
+    return (score.target, score.conversation_key, score.round_key, score.tool_call_id, score.response_id, *span)
+
+
+def _stored(project: Project, score_ids: list[str]) -> dict[str, Score]:
+    found: dict[str, Score] = {}
+    for start in range(0, len(score_ids), CHUNK):
+        for score in Score.objects.filter(project=project, score_id__in=score_ids[start:start + CHUNK]):
+            found[score.score_id] = score
+    return found
+
+
+def _changes(old: Score, new: Score) -> dict[str, list[Any]]:
+    changes = {}
+    for name in EDITABLE:
+        before, after = getattr(old, name), getattr(new, name)
+        if before != after:
+            changes[name] = [before, after]
+    return changes
+
+
+def _edit(score: Score, changes: dict[str, list[Any]], author: Author, now: datetime) -> None:
+    for name, (_, after) in changes.items():
+        setattr(score, name, after)
+    score.updated_at = now
+    score.save(update_fields=[*changes, "updated_at"])
+    ScoreEdit.objects.create(
+        score=score, changed_at=now, by_user=author.user, by_key_id=author.key_id, by_name=author.name,
+        source=author.source,
+        changes={name: [_plain(before), _plain(after)] for name, (before, after) in changes.items()},
+    )
+
+
+def _plain(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+class ScoreRefused(ValueError):
+    """A score the pages' form could not store: the message says why, for the form."""
+
+
+def score_from_page(*, project: Project, user: AbstractBaseUser, record: ScoreRecord) -> Score:
+    """Store one score a member gave on a page (an edit when its id was stored)."""
+    outcome = scores_store(project=project, scores=[record], author=Author.of_user(user))
+    if outcome.rejected:
+        raise ScoreRefused(outcome.rejected[0]["error"])
+    if outcome.scores:
+        return outcome.scores[0]
+    return Score.objects.get(project=project, score_id=record.score_id)
+
+
+def score_delete(*, score: Score) -> None:
+    score.delete()
