@@ -155,11 +155,12 @@ class Score(models.Model):
 
     @property
     def linked(self) -> bool:
-        """Whether the thing it judges is found (a trace-wide score: its conversation)."""
-        if self.target == ScoreTarget.TOOL_CALL:
-            return self.tool_execution_id is not None
-        if self.target == ScoreTarget.ROUND:
-            return self.round_id is not None
+        """Whether what it judges is found: its conversation, and the round or tool
+        call it names (judging.selectors.LINKED says the same to the database)."""
+        if self.target == ScoreTarget.TOOL_CALL and self.tool_execution_id is None:
+            return False
+        if self.target == ScoreTarget.ROUND and self.round_id is None:
+            return False
         return self.conversation_id is not None
 
 
