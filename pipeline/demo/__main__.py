@@ -259,6 +259,7 @@ def _summary(
     ]
     if exporter is None:
         lines.append(f"  records            {s.records} made (offline: nothing sent)")
+        lines.append(f"  scores             {s.scores} made (offline: nothing sent)")
     else:
         e: ExporterStats = exporter.stats()
         lines.append(
@@ -266,6 +267,7 @@ def _summary(
             f"{e.rejected} rejected, {e.dropped} dropped, {e.failures} not delivered"
         )
         lines.append(f"  artifact uploads   {e.artifacts_sent} sent, {e.artifacts_failed} failed")
+        lines.append(f"  scores             {s.scores} made, {e.scores_sent} sent, {e.scores_failed} not stored")
         if transport is not None and transport.unreachable:
             lines.append(f"  dashboard          unreachable {transport.unreachable} times ({args.endpoint})")
     out.write("\n".join(lines) + "\n")

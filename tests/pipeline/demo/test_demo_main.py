@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import re
 import socket
 import threading
 from pathlib import Path
@@ -148,6 +149,7 @@ def test_it_sends_records_spans_and_artifacts(stand_in: type[StandIn], tmp_path:
     assert "0 rejected, 0 dropped, 0 not delivered" in out and "artifact uploads   1 sent" in out
     assert {"round", "message", "tool_result", "skill_activation"} <= {r["type"] for r in stand_in.posted}
     assert "POST /v1/traces" in stand_in.paths
+    assert "POST /api/v1/scores" in stand_in.paths and re.search(r"scores +[1-9]\d* made, [1-9]\d* sent, 0 not", out)
     assert any(p.startswith("PUT /api/v1/artifacts/artifact_") for p in stand_in.paths)
     assert "GET /api/v1/config" in stand_in.paths
 
