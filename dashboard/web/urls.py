@@ -16,6 +16,7 @@ from .views import (
     logs,
     overview,
     saved_views,
+    scores,
     timeline,
     tools,
     traces,
@@ -51,5 +52,7 @@ urlpatterns = [
     path(P + "traces/<trace_id:trace_id>/", traces.trace_detail, name="trace"),
     path(P + "logs/", logs.log_list, name="logs"),
     path(P + "keys/", keys.key_list, name="keys"),
+    path(P + "scores/", scores.score_overview, name="scores"),
+    path(P + "scores/add/", scores.score_add, name="score_add"),
     path(P + "keys/<int:pk>/revoke/", keys.key_revoke, name="key_revoke"),
 ]
