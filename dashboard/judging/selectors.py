@@ -43,8 +43,11 @@ class ScoreFilters:
 
 def scores_filtered(project: Project, filters: ScoreFilters) -> QuerySet[Score]:
     """The project's scores that pass every filter given, with ``edit_count``."""
-    rows = Score.objects.filter(project=project)
-    exact = {name: getattr(filters, name) for name in ("name", "source", "target", "trace_id", "span_id", "label")}
+    match = ScoreMatch(name=filters.name or "", min_value=filters.min_value, max_value=filters.max_value,
+                       label=filters.label or "", negative=filters.negative is True, since=filters.since,
+                       until=filters.until)
+    rows = match.rows(Score.objects.filter(project=project))
+    exact = {name: getattr(filters, name) for name in ("source", "target", "trace_id", "span_id")}
     rows = rows.filter(**{name: value for name, value in exact.items() if value is not None})
     if filters.conversation_id is not None:
         found = Conversation.objects.filter(project=project, external_id=filters.conversation_id).first()
@@ -53,18 +56,10 @@ def scores_filtered(project: Project, filters: ScoreFilters) -> QuerySet[Score]:
     if filters.tool_call_id is not None:
         rows = rows.filter(Q(tool_call_id=filters.tool_call_id)
                            | Q(tool_execution__tool_call_id=filters.tool_call_id))
-    if filters.min_value is not None:
-        rows = rows.filter(value__gte=filters.min_value)
-    if filters.max_value is not None:
-        rows = rows.filter(value__lte=filters.max_value)
-    if filters.negative is not None:
-        rows = rows.filter(negative=filters.negative)
+    if filters.negative is False:
+        rows = rows.filter(negative=False)
     if filters.linked is not None:
         rows = rows.filter(LINKED) if filters.linked else rows.exclude(LINKED)
-    if filters.since is not None:
-        rows = rows.filter(occurred_at__gte=filters.since)
-    if filters.until is not None:
-        rows = rows.filter(occurred_at__lt=filters.until)
     return rows.annotate(edit_count=Count("edits"))
 
 

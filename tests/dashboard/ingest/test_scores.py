@@ -179,6 +179,7 @@ def test_it_lists_the_keys_project_scores_newest_first_and_filtered(client, auth
     assert ids() == ["d", "c", "b", "a"]
     assert ids(name="thumbs") == ["d", "c"]
     assert ids(negative="true") == ["c"]
+    assert ids(negative="false") == ["d", "b", "a"]
     assert ids(min_value=2, name="helpfulness") == ["b"]
     assert ids(conversation_id="conv-1") == ["c", "b", "a"]
     assert ids(linked="false") == ["d"]
