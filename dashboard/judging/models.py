@@ -182,3 +182,64 @@ class ScoreEdit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.by_name or 'someone'} changed {', '.join(self.changes)}"
+
+
+class ReviewQueue(models.Model):
+    """A named list of conversations to review, filled from the conversation list's
+    filters (``query``, the list's query string, kept so the queue can be refilled
+    with what has matched since)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="review_queues", db_index=False)
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    query = models.CharField(max_length=2000, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="review_queue_name_unique")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ReviewStatus(models.TextChoices):
+    PENDING = "pending", "to review"
+    DONE = "done", "reviewed"
+    SKIPPED = "skipped", "skipped"
+
+
+class ReviewItem(models.Model):
+    """One conversation of a queue. A reviewer claims it (``claimed_by`` until
+    ``claimed_until``) so no one else is given it meanwhile; a claim that runs out
+    frees it for the next reviewer."""
+
+    queue = models.ForeignKey(ReviewQueue, on_delete=models.CASCADE, related_name="items", db_index=False)
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="+", db_index=False)
+    position = models.PositiveIntegerField()
+    status = models.CharField(max_length=8, choices=ReviewStatus.choices, default=ReviewStatus.PENDING)
+    claimed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="+")
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    done_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                related_name="+")
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # also the index of a queue's items in order
+            models.UniqueConstraint(fields=["queue", "position"], name="review_item_position_unique"),
+            models.UniqueConstraint(fields=["queue", "conversation"], name="review_item_conversation_unique"),
+        ]
+        indexes = [
+            # the next item to give out: pending, in order
+            models.Index(fields=["queue", "position"], name="review_item_pending",
+                         condition=Q(status="pending")),
+            # the cascade when a conversation goes
+            models.Index(fields=["conversation"], name="review_item_conversation"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue} #{self.position}"

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Optional
+from typing import Any, Optional
 
 from django.db.models import Avg, Count, Exists, F, FloatField, Max, Min, OuterRef, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce, Floor, Least, NullIf, TruncDay, TruncHour
+from django.utils import timezone
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.models import Conversation, Round
 
-from .models import Score, ScoreTarget
+from .models import ReviewItem, ReviewStatus, Score, ScoreTarget
 from .rules import ScoreKind
 
 # A score whose target is found (the same rule as Score.linked).
@@ -279,3 +280,36 @@ def scores_compared(a: Conversation, b: Conversation) -> list[ScoreComparison]:
         setattr(item, f"{side}_mean", row["mean"])
         setattr(item, f"{side}_negatives", row["negatives"])
     return sorted(found.values(), key=lambda item: item.name)
+
+
+# --- review queues ----------------------------------------------------------------------
+
+
+@dataclass
+class QueueProgress:
+    queue: Any
+    total: int = 0
+    done: int = 0
+    skipped: int = 0
+    in_review: int = 0  # pending items a reviewer holds now
+    by_reviewer: list[tuple[str, int]] = field(default_factory=list)  # (username, items finished)
+
+    @property
+    def left(self) -> int:
+        return self.total - self.done - self.skipped
+
+
+def queue_progress(queues: list[Any]) -> list[QueueProgress]:
+    """Done, skipped, in review and left per queue, and who finished how many: two queries."""
+    now = timezone.now()
+    progress = {queue.pk: QueueProgress(queue) for queue in queues}
+    for row in ReviewItem.objects.filter(queue__in=queues).values("queue_id").order_by().annotate(
+            total=Count("id"), done=Count("id", filter=Q(status=ReviewStatus.DONE)),
+            skipped=Count("id", filter=Q(status=ReviewStatus.SKIPPED)),
+            held=Count("id", filter=Q(status=ReviewStatus.PENDING, claimed_until__gt=now))):
+        item = progress[row["queue_id"]]
+        item.total, item.done, item.skipped, item.in_review = row["total"], row["done"], row["skipped"], row["held"]
+    for row in ReviewItem.objects.filter(queue__in=queues, done_by__isnull=False).values(
+            "queue_id", "done_by__username").order_by("queue_id", "done_by__username").annotate(n=Count("id")):
+        progress[row["queue_id"]].by_reviewer.append((row["done_by__username"], row["n"]))
+    return [progress[queue.pk] for queue in queues]

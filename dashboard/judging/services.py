@@ -12,18 +12,20 @@ the records API; the others are stored.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Sequence
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from dashboard.accounts.models import ApiKey, Project
+from dashboard.observatory.models import Conversation
 from pipeline import ScoreRecord
 
 from .links import CHUNK, targets_resolve
-from .models import Score, ScoreConfig, ScoreEdit, ScoreSource
+from .models import ReviewItem, ReviewQueue, ReviewStatus, Score, ScoreConfig, ScoreEdit, ScoreSource
 from .rules import ConfigRules, is_negative, kind_of, score_refusal
 
 ERROR_LENGTH = 300
@@ -205,3 +207,81 @@ def score_from_page(*, project: Project, user: AbstractBaseUser, record: ScoreRe
 
 def score_delete(*, score: Score) -> None:
     score.delete()
+
+
+# --- review queues ----------------------------------------------------------------------
+
+MAX_QUEUE_ITEMS = 10_000  # conversations one fill adds at most
+CLAIM = timedelta(minutes=15)  # how long an item given to a reviewer stays theirs
+
+
+class ReviewError(ValueError):
+    """A queue action that cannot be done (the message says why)."""
+
+
+def review_queue_create(*, project: Project, name: str, query: str, conversations: QuerySet[Conversation],
+                        user: AbstractBaseUser, description: str = "") -> ReviewQueue:
+    """A queue named ``name`` filled with ``conversations`` (the list's filtered
+    rows, in its order), at most MAX_QUEUE_ITEMS of them."""
+    try:
+        with transaction.atomic():
+            queue = ReviewQueue.objects.create(project=project, name=name, query=query, created_by=user,
+                                               description=description)
+            review_queue_fill(queue=queue, conversations=conversations)
+    except IntegrityError:
+        raise ReviewError(f"There is a queue named {name!r} already.") from None
+    return queue
+
+
+def review_queue_fill(*, queue: ReviewQueue, conversations: QuerySet[Conversation]) -> int:
+    """Add the conversations not in the queue yet, after its last item; returns how many."""
+    with transaction.atomic():
+        last = ReviewItem.objects.filter(queue=queue).aggregate(last=Max("position"))["last"]
+        start = 0 if last is None else last + 1
+        present = ReviewItem.objects.filter(queue=queue, conversation=OuterRef("pk"))
+        ids = list(conversations.filter(project_id=queue.project_id).exclude(Exists(present))
+                   .values_list("pk", flat=True)[:MAX_QUEUE_ITEMS])
+        ReviewItem.objects.bulk_create(
+            [ReviewItem(queue=queue, conversation_id=pk, position=start + i) for i, pk in enumerate(ids)])
+    return len(ids)
+
+
+def _claimable(now: datetime) -> Q:
+    return Q(status=ReviewStatus.PENDING) & (Q(claimed_until__isnull=True) | Q(claimed_until__lte=now))
+
+
+def review_item_claim(*, queue: ReviewQueue, user: AbstractBaseUser) -> ReviewItem | None:
+    """The item this reviewer should review now: the one they hold, else the first
+    pending item no one holds, claimed for them (a conditional UPDATE: two reviewers
+    asking at once never get the same item). None when the queue is done."""
+    now = timezone.now()
+    items = ReviewItem.objects.filter(queue=queue)
+    held = items.filter(claimed_by=user, status=ReviewStatus.PENDING, claimed_until__gt=now).order_by("position")
+    mine = held.first()
+    if mine is not None:
+        return mine
+    for _ in range(20):  # another reviewer may take the candidate between the read and the update
+        candidate = items.filter(_claimable(now)).order_by("position").values_list("pk", flat=True).first()
+        if candidate is None:
+            return None
+        if items.filter(_claimable(now), pk=candidate).update(claimed_by=user, claimed_until=now + CLAIM):
+            return items.get(pk=candidate)
+    return None
+
+
+def review_item_finish(*, item: ReviewItem, user: AbstractBaseUser, status: str) -> None:
+    """Mark the item reviewed (or skipped) by ``user``, who must hold it (or find it
+    free: a claim that ran out)."""
+    if status not in (ReviewStatus.DONE, ReviewStatus.SKIPPED):
+        raise ReviewError("Mark an item reviewed or skipped.")
+    now = timezone.now()
+    mine_or_free = Q(claimed_by=user) | Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)
+    updated = ReviewItem.objects.filter(mine_or_free, pk=item.pk, status=ReviewStatus.PENDING).update(
+        status=status, done_by=user, done_at=now, claimed_until=None)
+    if not updated:
+        raise ReviewError("Another reviewer holds this item, or it is reviewed already.")
+
+
+def review_item_reopen(*, item: ReviewItem) -> None:
+    ReviewItem.objects.filter(pk=item.pk).update(status=ReviewStatus.PENDING, done_by=None, done_at=None,
+                                                 claimed_by=None, claimed_until=None)

@@ -6,6 +6,9 @@
  *     +  thumbs up       (its [data-score-up] button)
  *     -  thumbs down     (its [data-score-down] button)
  *     c  comment         (focuses its [data-score-comment] field; Enter saves)
+ *   on a review item:
+ *     n  reviewed, next ([data-review-done], else [data-review-next])
+ *     s  skip           ([data-review-skip])
  *   canvas[data-chart="score-series"]   count and mean of a score name per bucket
  *                                        (drawn by observatory.js; a click drills down).
  */
@@ -26,6 +29,15 @@
 
   document.addEventListener("keydown", function (event) {
     if (event.ctrlKey || event.metaKey || event.altKey || typing(event.target)) return;
+    var review = { n: "[data-review-done], [data-review-next]", s: "[data-review-skip]" }[event.key];
+    if (review) {
+      var button = document.querySelector(review);
+      if (button) {
+        event.preventDefault();
+        button.click();
+      }
+      return;
+    }
     var selector = { "+": "[data-score-up]", "=": "[data-score-up]", "-": "[data-score-down]",
                      c: "[data-score-comment]" }[event.key];
     if (!selector) return;

@@ -96,3 +96,29 @@ def test_it_draws_the_summary_and_drills_from_a_bucket(page, live_server, projec
     page.wait_for_url("**/conversations/?score=verdict&scored_since=*")
     expect(page.get_by_test_id("conversation-table")).to_contain_text("run-a")
     page.console_watch.assert_clean("scores summary")
+
+
+def test_a_reviewer_scores_and_moves_on_with_one_key(page, live_server, project):
+    from dashboard.judging.models import ReviewItem, Score
+    from dashboard.judging.services import review_queue_create
+    from dashboard.observatory.models import Conversation
+
+    full_conversation(project, "run-b", rounds=1)
+    queue = review_queue_create(project=project, name="today", query="", user=None,
+                                conversations=Conversation.objects.filter(project=project).order_by("external_id"))
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/p/{project.slug}/review/{queue.pk}/")
+    page.get_by_test_id("review-next").click()
+    first = ReviewItem.objects.get(queue=queue, position=0)
+    page.wait_for_url(f"**/review/{queue.pk}/items/{first.pk}/")
+    page.keyboard.press("-")  # thumbs down on the conversation
+    expect(page.get_by_test_id("scores-conversation").locator("[data-testid=score]")).to_contain_text("👎 no")
+    page.keyboard.press("n")
+    second = ReviewItem.objects.get(queue=queue, position=1)
+    page.wait_for_url(f"**/review/{queue.pk}/items/{second.pk}/")
+    first.refresh_from_db()
+    assert first.status == "done" and Score.objects.get().conversation == first.conversation
+    page.keyboard.press("s")
+    page.wait_for_url(f"**/review/{queue.pk}/")
+    expect(page.locator(".notice")).to_contain_text("Nothing left to review")
+    page.console_watch.assert_clean("review queue")
