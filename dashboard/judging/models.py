@@ -243,3 +243,62 @@ class ReviewItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} #{self.position}"
+
+
+class Dataset(models.Model):
+    """A named set of cases kept from production (or imported) for an agent's
+    regression runs: each item the input the model had, the output it gave, and
+    the output expected."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="datasets", db_index=False)
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="dataset_name_unique")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DatasetItem(models.Model):
+    """One case. ``input``: the user message, the context the model saw (messages)
+    and the tools it could call; ``output``: what it answered and called, as
+    recorded; ``expected_output``: what it should have (editable, any JSON). The
+    source rows stay linked while they exist; ``source`` keeps their ids as text.
+    ``item_id`` is unique in the dataset: adding the same round twice, or importing
+    the same file twice, adds nothing."""
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="items", db_index=False)
+    item_id = models.CharField(max_length=ID_LENGTH)
+    input = models.JSONField(default=dict)
+    output = models.JSONField(null=True, blank=True)
+    expected_output = models.JSONField(null=True, blank=True)
+    source = models.JSONField(default=dict, blank=True)  # {"conversation_id", "round_id", "trace_id"} as text
+    metadata = models.JSONField(default=dict, blank=True)
+    source_conversation = models.ForeignKey(Conversation, on_delete=models.SET_NULL, null=True, blank=True,
+                                            related_name="+", db_index=False)
+    source_round = models.ForeignKey(Round, on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+                                     db_index=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # also the index of a dataset's items (by id for paging, by item_id for imports)
+            models.UniqueConstraint(fields=["dataset", "item_id"], name="dataset_item_id_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["dataset", "id"], name="dataset_item_order"),
+            # SET_NULL when a conversation or a round goes (retention)
+            models.Index(fields=["source_conversation"], name="dataset_item_conversation",
+                         condition=Q(source_conversation__isnull=False)),
+            models.Index(fields=["source_round"], name="dataset_item_round", condition=Q(source_round__isnull=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dataset} / {self.item_id}"

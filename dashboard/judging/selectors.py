@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from django.db.models import Avg, Count, Exists, F, FloatField, Max, Min, OuterRef, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce, Floor, Least, NullIf, TruncDay, TruncHour
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
-from dashboard.observatory.models import Conversation, Round
+from dashboard.observatory.models import Conversation, Message, Round, ToolExecution
 
-from .models import ReviewItem, ReviewStatus, Score, ScoreTarget
+from .models import DatasetItem, ReviewItem, ReviewStatus, Score, ScoreTarget
 from .rules import ScoreKind
 
 # A score whose target is found (the same rule as Score.linked).
@@ -313,3 +316,117 @@ def queue_progress(queues: list[Any]) -> list[QueueProgress]:
             "queue_id", "done_by__username").order_by("queue_id", "done_by__username").annotate(n=Count("id")):
         progress[row["queue_id"]].by_reviewer.append((row["done_by__username"], row["n"]))
     return [progress[queue.pk] for queue in queues]
+
+
+# --- datasets ---------------------------------------------------------------------------
+
+CASE_MESSAGES = 500  # messages of the context a case keeps at most (the latest ones)
+CASE_TEXT = 20_000  # characters of one message or answer a case keeps
+CASE_TOOL_CALLS = 200
+
+
+@dataclass
+class Case:
+    """A dataset item in the making: its id, input, output and source."""
+
+    item_id: str
+    input: dict[str, Any]
+    output: Any
+    source: dict[str, str]
+    conversation_id: int
+    round_id: Optional[int] = None
+
+
+def _text(value: Optional[str]) -> str:
+    return (value or "")[:CASE_TEXT]
+
+
+def _item_key(*parts: str) -> str:
+    key = ":".join(parts)
+    if len(key) <= 200:
+        return key
+    return f"{parts[0]}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+def cases_of_rounds(rounds: list[Round]) -> list[Case]:
+    """Each round as a case: the context the model saw when the round began (the
+    messages of the rounds before it, and the round's user message), the tools the
+    conversation's agent called, and what the round answered and called. A
+    constant number of queries per conversation."""
+    cases = []
+    by_conversation: dict[int, list[Round]] = defaultdict(list)
+    for round_ in rounds:
+        by_conversation[round_.conversation_id].append(round_)
+    for conversation_id, chosen in by_conversation.items():
+        conversation = Conversation.objects.only("id", "external_id").get(pk=conversation_id)
+        order = dict(Round.objects.filter(conversation_id=conversation_id).values_list("round_id", "index"))
+        messages = list(Message.objects.filter(conversation_id=conversation_id).order_by("index", "id").values(
+            "round_id", "role", "content", "name", "tool_calls", "tool_call_id", "is_meta"))
+        executions = list(ToolExecution.objects.filter(conversation_id=conversation_id).order_by(
+            "occurred_at", "id").values("round_id", "tool_name", "parameters", "success", "observation",
+                                        "error_type"))
+        tools = sorted({e["tool_name"] for e in executions})
+        for round_ in chosen:
+            earlier = [m for m in messages if order.get(m["round_id"], -1) < round_.index]
+            context = [_message(m) for m in earlier][-CASE_MESSAGES:]
+            calls = [{"tool": e["tool_name"], "arguments": e["parameters"], "success": e["success"],
+                      "observation": _text(e["observation"]), "error_type": e["error_type"]}
+                     for e in executions if e["round_id"] == round_.round_id][:CASE_TOOL_CALLS]
+            cases.append(Case(
+                item_id=_item_key("round", conversation.external_id, round_.round_id),
+                input={"user_message": _text(round_.user_message), "messages": context, "tools": tools},
+                output={"final_answer": None if round_.final_answer is None else _text(round_.final_answer),
+                        "tool_calls": calls, "status": round_.status},
+                source={"conversation_id": conversation.external_id, "round_id": round_.round_id,
+                        "trace_id": round_.trace_id, "model": round_.model},
+                conversation_id=conversation_id, round_id=round_.pk,
+            ))
+    return cases
+
+
+def _message(row: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": row["role"], "content": _text(row["content"])}
+    for name in ("name", "tool_call_id"):
+        if row[name]:
+            message[name] = row[name]
+    if row["tool_calls"]:
+        message["tool_calls"] = row["tool_calls"]
+    return message
+
+
+def cases_of_conversations(conversations: list[Conversation]) -> list[Case]:
+    """Each conversation as a case: its user messages in order and the tools its
+    agent called as input; its answers and tool calls as output."""
+    cases = []
+    for conversation in conversations:
+        rounds = list(Round.objects.filter(conversation=conversation).order_by("index", "id")
+                      .values("round_id", "user_message", "final_answer", "status"))
+        executions = list(ToolExecution.objects.filter(conversation=conversation).order_by("occurred_at", "id")
+                          .values("round_id", "tool_name", "parameters", "success")[:CASE_TOOL_CALLS])
+        cases.append(Case(
+            item_id=_item_key("conversation", conversation.external_id),
+            input={"user_messages": [_text(r["user_message"]) for r in rounds],
+                   "tools": sorted({e["tool_name"] for e in executions})},
+            output={"final_answers": [None if r["final_answer"] is None else _text(r["final_answer"])
+                                      for r in rounds],
+                    "tool_calls": [{"round_id": e["round_id"], "tool": e["tool_name"], "arguments": e["parameters"],
+                                    "success": e["success"]} for e in executions],
+                    "status": conversation.status},
+            source={"conversation_id": conversation.external_id, "model": conversation.model},
+            conversation_id=conversation.pk,
+        ))
+    return cases
+
+
+def dataset_item_json(item: Any) -> str:
+    """One item as its JSONL line (the pipeline's DatasetItem form)."""
+    return json.dumps({"item_id": item.item_id, "input": item.input, "output": item.output,
+                       "expected_output": item.expected_output, "source": item.source, "metadata": item.metadata},
+                      ensure_ascii=False)
+
+
+def dataset_lines(dataset: Any) -> Iterator[str]:
+    """The dataset's items as JSONL, in the order they were added, a chunk at a time."""
+    items = DatasetItem.objects.filter(dataset=dataset).order_by("id")
+    for item in items.iterator(chunk_size=500):
+        yield dataset_item_json(item) + "\n"

@@ -22,10 +22,22 @@ from django.utils import timezone
 
 from dashboard.accounts.models import ApiKey, Project
 from dashboard.observatory.models import Conversation
-from pipeline import ScoreRecord
+from pipeline import DatasetError, ScoreRecord, parse_dataset_line
+from pipeline import DatasetItem as DatasetRecord
 
 from .links import CHUNK, targets_resolve
-from .models import ReviewItem, ReviewQueue, ReviewStatus, Score, ScoreConfig, ScoreEdit, ScoreSource
+from .models import (
+    Dataset,
+    DatasetItem,
+    ReviewItem,
+    ReviewQueue,
+    ReviewStatus,
+    Score,
+    ScoreConfig,
+    ScoreEdit,
+    ScoreSource,
+)
+from .selectors import Case
 from .rules import ConfigRules, is_negative, kind_of, score_refusal
 
 ERROR_LENGTH = 300
@@ -285,3 +297,91 @@ def review_item_finish(*, item: ReviewItem, user: AbstractBaseUser, status: str)
 def review_item_reopen(*, item: ReviewItem) -> None:
     ReviewItem.objects.filter(pk=item.pk).update(status=ReviewStatus.PENDING, done_by=None, done_at=None,
                                                  claimed_by=None, claimed_until=None)
+
+
+# --- datasets ---------------------------------------------------------------------------
+
+MAX_DATASET_ADD = 10_000  # rows one "add the whole list" takes at most
+
+
+class DatasetRefused(ValueError):
+    """A dataset action that cannot be done (the message says why)."""
+
+
+class DatasetTooLarge(DatasetRefused):
+    """More items than one request or upload may add."""
+
+
+def dataset_lines_parse(body: bytes, *, limit: int) -> list[DatasetRecord]:
+    """Every line of a JSONL text as a ``pipeline.DatasetItem``, all or nothing: the
+    first bad line refuses them all, naming it. More than ``limit`` lines are refused
+    before any is parsed."""
+    if body.count(b"\n") > limit:
+        raise DatasetTooLarge(f"too many items at once (at most {limit})")
+    items = []
+    for number, line in enumerate(body.split(b"\n"), start=1):
+        try:
+            item = parse_dataset_line(line, number)
+        except DatasetError as exc:
+            raise DatasetRefused(f"{str(exc)[:300]}; nothing was imported") from None
+        except UnicodeDecodeError:
+            raise DatasetRefused(f"line {number}: not UTF-8; nothing was imported") from None
+        if item is not None:
+            items.append(item)
+    if not items:
+        raise DatasetRefused("no items: one JSON item a line")
+    if len(items) > limit:
+        raise DatasetTooLarge(f"too many items at once (at most {limit})")
+    return items
+
+
+def dataset_create(*, project: Project, name: str, user: AbstractBaseUser | None, description: str = "") -> Dataset:
+    try:
+        with transaction.atomic():
+            return Dataset.objects.create(project=project, name=name, description=description, created_by=user)
+    except IntegrityError:
+        raise DatasetRefused(f"There is a dataset named {name!r} already.") from None
+
+
+def dataset_add_cases(*, dataset: Dataset, cases: Sequence[Case]) -> int:
+    """Add production cases (``selectors.cases_of_rounds`` / ``cases_of_conversations``);
+    one already in the dataset (by item id) is left as it is. Returns how many were added."""
+    now = timezone.now()
+    items = [DatasetItem(dataset=dataset, item_id=case.item_id, input=case.input, output=case.output,
+                         source=case.source, source_conversation_id=case.conversation_id,
+                         source_round_id=case.round_id, created_at=now, updated_at=now) for case in cases]
+    return _items_insert(dataset, items)
+
+
+def dataset_import(*, dataset: Dataset, items: Sequence[DatasetRecord]) -> tuple[int, int]:
+    """Add imported items (validated ``pipeline.DatasetItem``s), all in one transaction;
+    returns (added, already there by item id)."""
+    now = timezone.now()
+    rows = [DatasetItem(dataset=dataset, item_id=item.item_id, input=item.input, output=item.output,
+                        expected_output=item.expected_output, source=item.source, metadata=item.metadata,
+                        created_at=now, updated_at=now) for item in items]
+    added = _items_insert(dataset, rows)
+    return added, len({row.item_id for row in rows}) - added
+
+
+def _items_insert(dataset: Dataset, rows: list[DatasetItem]) -> int:
+    unique = list({row.item_id: row for row in rows}.values())
+    with transaction.atomic():
+        present: set[str] = set()
+        ids = [row.item_id for row in unique]
+        for start in range(0, len(ids), CHUNK):
+            present.update(DatasetItem.objects.filter(dataset=dataset, item_id__in=ids[start:start + CHUNK])
+                           .values_list("item_id", flat=True))
+        new = [row for row in unique if row.item_id not in present]
+        DatasetItem.objects.bulk_create(new, batch_size=500)
+    return len(new)
+
+
+def dataset_item_expect(*, item: DatasetItem, expected: Any) -> None:
+    item.expected_output = expected
+    item.updated_at = timezone.now()
+    item.save(update_fields=["expected_output", "updated_at"])
+
+
+def dataset_item_delete(*, item: DatasetItem) -> None:
+    item.delete()

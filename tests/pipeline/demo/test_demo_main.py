@@ -74,6 +74,8 @@ def test_it_runs_offline_and_prints_the_summary(tmp_path: Path) -> None:
     assert "Demo agent: 3 conversations" in summary and "offline: nothing sent" in summary
     assert "artifacts          1" in summary  # export_orders is the third scenario
     assert (tmp_path / "sales-7.sqlite3").exists()
+    assert "dataset            3 items in demo-dataset.jsonl: replayed from the file, 3/3 answers as expected" in summary
+    assert len((tmp_path / "demo-dataset.jsonl").read_text().splitlines()) == 3
 
 
 # --- against a stand-in dashboard -------------------------------------------------------------
