@@ -37,8 +37,7 @@ from dashboard.observatory.models import Conversation, Round
 from ..access import project_page
 from ..forms import ConversationFilterForm
 from .conversations import filtered_conversations
-from .reviews import _may_review as _may_change
-from .scores import may_judge
+from .scores import may_judge, require_judge
 
 PAGE_SIZE = 50
 MAX_IMPORT_ITEMS = 10_000
@@ -78,7 +77,7 @@ def dataset_list(request: HttpRequest, project: Project) -> HttpResponse:
     form = DatasetForm()
     status = 200
     if request.method == "POST":
-        _may_change(request, project)
+        require_judge(request, project)
         form = DatasetForm(request.POST)
         if form.is_valid():
             try:
@@ -145,7 +144,7 @@ class ExpectedForm(forms.Form):
 @require_POST
 @project_page
 def dataset_item_edit(request: HttpRequest, project: Project, pk: int, item_pk: int) -> HttpResponse:
-    _may_change(request, project)
+    require_judge(request, project)
     dataset = _dataset(project, pk)
     item = get_object_or_404(DatasetItem, dataset=dataset, pk=item_pk)
     form = ExpectedForm(request.POST)
@@ -160,7 +159,7 @@ def dataset_item_edit(request: HttpRequest, project: Project, pk: int, item_pk: 
 @require_POST
 @project_page
 def dataset_item_remove(request: HttpRequest, project: Project, pk: int, item_pk: int) -> HttpResponse:
-    _may_change(request, project)
+    require_judge(request, project)
     dataset = _dataset(project, pk)
     dataset_item_delete(item=get_object_or_404(DatasetItem, dataset=dataset, pk=item_pk))
     return redirect("web:dataset", project_slug=project.slug, pk=dataset.pk)
@@ -182,7 +181,7 @@ class ImportForm(forms.Form):
 @require_POST
 @project_page
 def dataset_import_file(request: HttpRequest, project: Project, pk: int) -> HttpResponse:
-    _may_change(request, project)
+    require_judge(request, project)
     dataset = _dataset(project, pk)
     form = ImportForm(request.POST, request.FILES)
     back = redirect("web:dataset", project_slug=project.slug, pk=dataset.pk)
@@ -208,7 +207,7 @@ def dataset_import_file(request: HttpRequest, project: Project, pk: int) -> Http
 @project_page
 def dataset_add(request: HttpRequest, project: Project) -> HttpResponse:
     """Add a conversation, a round or a filtered list's conversations to a dataset."""
-    _may_change(request, project)
+    require_judge(request, project)
     form = AddForm(request.POST)
     if not form.is_valid():
         problems = form.errors.get("__all__") or ["Name the dataset: 1 to 100 characters, no slashes."]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from django import forms
 from django.contrib import messages
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -37,7 +37,7 @@ from ..forms import ConversationFilterForm
 from ..selectors.scores import scores_attach
 from ..services import saved_view_query
 from .conversations import filtered_conversations
-from .scores import may_judge, score_picks
+from .scores import may_judge, require_judge, score_picks
 
 ITEMS_SHOWN = 200
 
@@ -63,17 +63,12 @@ def _queue(project: Project, pk: int) -> ReviewQueue:
     return get_object_or_404(ReviewQueue, project=project, pk=pk)
 
 
-def _may_review(request: HttpRequest, project: Project) -> None:
-    if not may_judge(request.user, project):
-        raise Http404("a viewer does not review")  # do not confirm what they may not do
-
-
 @project_page
 def review_queue_list(request: HttpRequest, project: Project) -> HttpResponse:
     form = QueueForm()
     status = 200
     if request.method == "POST":
-        _may_review(request, project)
+        require_judge(request, project)
         form = QueueForm(request.POST)
         if form.is_valid():
             data = form.cleaned_data
@@ -118,7 +113,7 @@ def review_queue(request: HttpRequest, project: Project, pk: int) -> HttpRespons
 @require_POST
 @project_page
 def review_queue_refill(request: HttpRequest, project: Project, pk: int) -> HttpResponse:
-    _may_review(request, project)
+    require_judge(request, project)
     queue = _queue(project, pk)
     filters = ConversationFilterForm(QueryDict(queue.query))
     if not filters.is_valid():
@@ -132,7 +127,7 @@ def review_queue_refill(request: HttpRequest, project: Project, pk: int) -> Http
 @require_POST
 @project_page
 def review_next(request: HttpRequest, project: Project, pk: int) -> HttpResponse:
-    _may_review(request, project)
+    require_judge(request, project)
     return _to_next(request, project, _queue(project, pk))
 
 
@@ -166,7 +161,7 @@ def review_item(request: HttpRequest, project: Project, pk: int, item_pk: int) -
 @require_POST
 @project_page
 def review_item_done(request: HttpRequest, project: Project, pk: int, item_pk: int) -> HttpResponse:
-    _may_review(request, project)
+    require_judge(request, project)
     queue = _queue(project, pk)
     item = get_object_or_404(ReviewItem, queue=queue, pk=item_pk)
     status = request.POST.get("status", ReviewStatus.DONE)

@@ -46,6 +46,12 @@ def may_judge(user: Any, project: Project) -> bool:
         project=project, user=user, role__in=(Membership.Role.OWNER, Membership.Role.MEMBER)).exists()
 
 
+def require_judge(request: HttpRequest, project: Project) -> None:
+    """404 for a viewer's change (scores, reviews, datasets): we do not confirm what they may not do."""
+    if not may_judge(request.user, project):
+        raise Http404("a viewer changes nothing")
+
+
 @dataclass(frozen=True)
 class Pick:
     value: str  # "<config pk>:<index>"
@@ -155,8 +161,7 @@ def _name_and_value(project: Project, data: dict[str, Any], mine: Optional[Score
 @require_POST
 @project_page
 def score_add(request: HttpRequest, project: Project) -> HttpResponse:
-    if not may_judge(request.user, project):
-        raise Http404("a viewer gives no scores")
+    require_judge(request, project)
     form = ScoreForm(request.POST)
     if not form.is_valid():
         return _answer(request, project, None, "That score form is not valid.", status=400)
