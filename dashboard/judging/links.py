@@ -237,12 +237,19 @@ def scores_link(batch: Batch) -> None:
             calls.add(call)
     traces.discard("")
     calls.discard("")
-    waiting = Score.objects.filter(project_id=project_id).filter(WAITING)
+    scores = Score.objects.filter(project_id=project_id)
+    # Each lookup says its partial index's condition, so the index serves it.
+    lookups = (
+        (traces, lambda chunk: scores.filter(trace_id__in=chunk).exclude(trace_id="")),
+        (calls, lambda chunk: scores.filter(tool_call_id__in=chunk).exclude(tool_call_id="")),
+        (keys, lambda chunk: scores.filter(conversation__isnull=True, conversation_key__in=chunk)
+         .exclude(conversation_key="")),
+        (conversations, lambda chunk: scores.filter(conversation_id__in=chunk)),
+    )
     found: dict[int, Score] = {}
-    for field, values in (("trace_id", traces), ("tool_call_id", calls), ("conversation_key", keys),
-                          ("conversation_id", conversations)):
+    for values, lookup in lookups:
         for chunk in _chunks(values):
-            for score in waiting.filter(**{f"{field}__in": chunk}):
+            for score in lookup(chunk).filter(WAITING):
                 found[score.pk] = score
     changed = targets_resolve(project_id, list(found.values()))
     if changed:

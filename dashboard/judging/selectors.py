@@ -120,7 +120,8 @@ def traces_scored(project: Project, match: ScoreMatch) -> tuple[QuerySet[Score],
     """For a root span (``OuterRef("trace_id")``): the matching scores of its trace
     (sent with the trace id), and those of a round of that trace (the pages' scores
     name their round)."""
-    by_trace = match.rows(Score.objects.filter(project=project, trace_id=OuterRef("trace_id")))
+    # ``exclude(trace_id="")`` lets the partial score_trace index serve (its condition, said).
+    by_trace = match.rows(Score.objects.filter(project=project, trace_id=OuterRef("trace_id")).exclude(trace_id=""))
     by_round = match.rows(Score.objects.filter(round__project=project, round__trace_id=OuterRef("trace_id")))
     return by_trace, by_round
 
@@ -138,8 +139,11 @@ def scores_of_conversations(conversation_ids: list[int]) -> dict[int, list[Score
 
 def scores_of_trace(project: Project, trace_id: str) -> list[Score]:
     """The trace's scores: those sent with its id, and those of its rounds."""
-    rounds = Round.objects.filter(project=project, trace_id=trace_id).values("pk")
-    rows = Score.objects.filter(Q(project=project, trace_id=trace_id) | Q(round__in=rounds))
+    # Two index lookups in one query (score_trace; round_project_trace then score_round):
+    # an OR of the two conditions would read every score of the project.
+    by_trace = Score.objects.filter(project=project, trace_id=trace_id).exclude(trace_id="").values("pk")
+    by_round = Score.objects.filter(round__in=Round.objects.filter(project=project, trace_id=trace_id).values("pk"))
+    rows = Score.objects.filter(pk__in=by_trace.union(by_round.values("pk")))
     return list(rows.select_related("round").order_by("occurred_at", "id")[:PAGE_SCORES_LIMIT])
 
 
