@@ -302,3 +302,52 @@ class DatasetItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dataset} / {self.item_id}"
+
+
+class ScoreHour(models.Model):
+    """One score name's scores in one hour (UTC): over all (``dimension`` ""), or of
+    one tool's calls (``tool``) or one model's rounds (``model``), ``group`` naming
+    which. Recomputed whole from the score rows (judging.services.score_hours_refresh)
+    when the hour is marked changed; the scores summary reads these, a few rows an
+    hour, instead of every score of its range.
+
+    ``counts``: the scores per label (categorical), per "true"/"false" (boolean), or
+    per value (numeric, while an hour has at most MAX_HOUR_VALUES distinct ones; else
+    null and the summary bins that name's values from the rows)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
+    hour = models.DateTimeField()
+    name = models.CharField(max_length=ID_LENGTH)
+    dimension = models.CharField(max_length=8, blank=True)
+    group = models.CharField(max_length=ID_LENGTH, blank=True)
+    kinds = models.JSONField(default=list)
+    count = models.PositiveIntegerField(default=0)
+    valued = models.PositiveIntegerField(default=0)  # scores with a value (numbers and booleans)
+    value_sum = models.FloatField(default=0.0)
+    negatives = models.PositiveIntegerField(default=0)
+    low = models.FloatField(null=True, blank=True)  # numeric scores' lowest and highest value
+    high = models.FloatField(null=True, blank=True)
+    counts = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # also the summary's read: a project's hours in a range
+            models.UniqueConstraint(fields=["project", "hour", "name", "dimension", "group"],
+                                    name="score_hour_unique"),
+        ]
+
+
+class ScoreHourChanged(models.Model):
+    """An hour whose scores changed since its ScoreHour rows were computed. Written by
+    the database itself (triggers on judging_score, migration 0004: every insert,
+    update and delete, a conversation's cascade included), so no write path can
+    forget it; no unique key, so concurrent writers never wait on one another here. No
+    database constraint to the project: deleting a project deletes its scores, whose
+    triggers mark hours of a project that is going (the marks are then left, unread)."""
+
+    project = models.ForeignKey(Project, on_delete=models.DO_NOTHING, related_name="+", db_index=False,
+                                db_constraint=False)
+    hour = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["project", "hour"], name="score_hour_changed")]

@@ -6,17 +6,17 @@ import hashlib
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Iterator, Optional
 
-from django.db.models import Avg, Count, Exists, F, FloatField, Max, Min, OuterRef, Q, QuerySet, Sum, Value
-from django.db.models.functions import Coalesce, Floor, Least, NullIf, TruncDay, TruncHour
+from django.db.models import Avg, Case, Count, Exists, F, IntegerField, Max, Min, OuterRef, Q, QuerySet, Sum, Value, When
+from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.models import Conversation, Message, Round, ToolExecution
 
-from .models import DatasetItem, ReviewItem, ReviewStatus, Score, ScoreTarget
+from .models import DatasetItem, ReviewItem, ReviewStatus, Score, ScoreHour, ScoreHourChanged, ScoreTarget
 from .rules import ScoreKind
 
 # A score whose target is found (the same rule as Score.linked).
@@ -182,68 +182,173 @@ class GroupSummary:
     negatives: int
 
 
-def score_summary(project: Project, *, since: datetime, until: datetime, bucket: str) -> list[NameSummary]:
-    """Per score name, over [since, until): count, mean, negatives, distribution
-    (labels, true/false, or HISTOGRAM_BINS equal bins of the values) and per
-    ``bucket`` ("hour" or "day") the count and mean. Read from the score rows."""
-    scores = Score.objects.filter(project=project, occurred_at__gte=since, occurred_at__lt=until)
-    names: dict[str, NameSummary] = {}
-    totals = scores.values("name", "kind").order_by().annotate(
-        n=Count("id"), total=Sum("value"), valued=Count("value"), negatives=Count("id", filter=Q(negative=True)),
-        low=Min("value"), high=Max("value"))
-    ranges: dict[str, tuple[float, float]] = {}
-    sums: dict[str, tuple[float, int]] = {}
-    for row in totals:
-        summary = names.setdefault(row["name"], NameSummary(row["name"], []))
-        summary.kinds.append(row["kind"])
-        summary.count += row["n"]
-        summary.negatives += row["negatives"]
-        total, valued = sums.get(row["name"], (0.0, 0))
-        sums[row["name"]] = (total + (row["total"] or 0.0), valued + row["valued"])
+MAX_HOUR_VALUES = 100  # distinct values of a numeric name an hour's counts keep (more: binned from the rows)
+HOUR = timedelta(hours=1)
+
+
+def hour_rows(project_id: int, hour: datetime) -> list[ScoreHour]:
+    """One hour's ScoreHour rows (unsaved), computed from its score rows: five
+    grouped reads of the hour's range on score_project_name_time."""
+    scores = Score.objects.filter(project_id=project_id, occurred_at__gte=hour, occurred_at__lt=hour + HOUR)
+    figures = {"n": Count("id"), "valued": Count("value"), "total": Sum("value"),
+               "negatives": Count("id", filter=Q(negative=True))}
+    rows: dict[tuple[str, str, str], ScoreHour] = {}
+
+    def add(name: str, dimension: str, group: str, row: dict[str, Any], kind: str) -> ScoreHour:
+        item = rows.get((name, dimension, group))
+        if item is None:
+            item = rows[(name, dimension, group)] = ScoreHour(
+                project_id=project_id, hour=hour, name=name, dimension=dimension, group=group or "", kinds=[],
+                counts={} if dimension == "" else None)
+        if kind not in item.kinds:
+            item.kinds.append(kind)
+        item.count += row["n"]
+        item.valued += row["valued"]
+        item.value_sum += row["total"] or 0.0
+        item.negatives += row["negatives"]
+        return item
+
+    for row in scores.values("name", "kind").order_by().annotate(**figures, low=Min("value"), high=Max("value")):
+        item = add(row["name"], "", "", row, row["kind"])
         if row["kind"] == ScoreKind.NUMERIC and row["low"] is not None:
-            low, high = ranges.get(row["name"], (row["low"], row["high"]))
-            ranges[row["name"]] = (min(low, row["low"]), max(high, row["high"]))
-    for name, (total, valued) in sums.items():
-        names[name].mean = total / valued if valued else None
-    for row in scores.exclude(kind=ScoreKind.NUMERIC).values("name", "kind", "label", "value").order_by().annotate(
-            n=Count("id")):
-        shown = row["label"] if row["kind"] == ScoreKind.CATEGORICAL else ("true" if row["value"] else "false")
-        names[row["name"]].distribution.append((shown, row["n"]))
-    for name, (low, high) in ranges.items():
-        names[name].distribution.extend(_histogram(scores.filter(name=name, kind=ScoreKind.NUMERIC), low, high))
-    trunc = TruncDay if bucket == "day" else TruncHour
-    for row in scores.annotate(bucket=trunc("occurred_at")).values("name", "bucket").order_by("bucket").annotate(
-            n=Count("id"), mean=Avg("value")):
-        names[row["name"]].series.append((row["bucket"], row["n"], row["mean"]))
-    for summary in names.values():
-        summary.distribution.sort(key=lambda item: (-item[1], item[0]) if summary.name not in ranges else 0)
+            item.low = row["low"] if item.low is None else min(item.low, row["low"])
+            item.high = row["high"] if item.high is None else max(item.high, row["high"])
+    for row in scores.values("name", "kind", "label", "value").order_by().annotate(n=Count("id")):
+        item = rows[(row["name"], "", "")]
+        if item.counts is None:
+            continue
+        if row["kind"] == ScoreKind.NUMERIC:
+            key = f"{row['value']!r}" if row["value"] is not None else None
+        elif row["kind"] == ScoreKind.BOOLEAN:
+            key = "true" if row["value"] else "false"
+        else:
+            key = row["label"]
+        if key is None:
+            continue
+        item.counts[key] = item.counts.get(key, 0) + row["n"]
+        if row["kind"] == ScoreKind.NUMERIC and len(item.counts) > MAX_HOUR_VALUES:
+            item.counts = None  # too many values to keep: the summary bins the rows
+    by_tool = scores.filter(tool_execution__isnull=False).values("name", "kind", group=F("tool_execution__tool_name"))
+    by_model = scores.filter(conversation__isnull=False).values(
+        "name", "kind", group=Coalesce(NullIf(F("round__model"), Value("")), F("conversation__model")))
+    for dimension, grouped in (("tool", by_tool), ("model", by_model)):
+        for row in grouped.order_by().annotate(**figures):
+            add(row["name"], dimension, row["group"], row, row["kind"])
+    return list(rows.values())
+
+
+def score_hours(project: Project, since: datetime, until: datetime) -> list[ScoreHour]:
+    """The ScoreHour rows of [since, until): stored ones for the hours no score changed
+    since they were computed, computed now for the others (a refresh not done yet)."""
+    changed = set(ScoreHourChanged.objects.filter(project=project, hour__gte=since, hour__lt=until)
+                  .values_list("hour", flat=True).distinct())
+    stored = [row for row in ScoreHour.objects.filter(project=project, hour__gte=since, hour__lt=until)
+              if row.hour not in changed]
+    return stored + [row for hour in sorted(changed) for row in hour_rows(project.pk, hour)]
+
+
+def score_summary(project: Project, *, since: datetime, until: datetime, bucket: str) -> list[NameSummary]:
+    """Per score name, over [since, until) (whole hours): count, mean, negatives,
+    distribution (labels, true/false, each value, or HISTOGRAM_BINS equal bins of the
+    values) and per ``bucket`` ("hour" or "day") the count and mean. From the hourly
+    rows (score_hours), which are sums of the score rows."""
+    names: dict[str, NameSummary] = {}
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    series: dict[str, dict[datetime, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0, 0]))
+    counts: dict[str, Optional[dict[str, int]]] = {}
+    ranges: dict[str, tuple[float, float]] = {}
+    for row in score_hours(project, since, until):
+        if row.dimension:
+            continue
+        summary = names.setdefault(row.name, NameSummary(row.name, []))
+        summary.kinds.extend(kind for kind in row.kinds if kind not in summary.kinds)
+        summary.count += row.count
+        summary.negatives += row.negatives
+        sums[row.name][0] += row.value_sum
+        sums[row.name][1] += row.valued
+        start = row.hour if bucket == "hour" else row.hour.replace(hour=0)
+        point = series[row.name][start]
+        point[0] += row.count
+        point[1] += row.value_sum
+        point[2] += row.valued
+        if row.low is not None:
+            low, high = ranges.get(row.name, (row.low, row.high))
+            ranges[row.name] = (min(low, row.low), max(high, row.high))
+        merged = counts.get(row.name, {})
+        if merged is not None and row.counts is not None:
+            for key, n in row.counts.items():
+                merged[key] = merged.get(key, 0) + n
+            counts[row.name] = merged
+        else:
+            counts[row.name] = None
+    for name, summary in names.items():
+        total, valued = sums[name]
+        summary.mean = total / valued if valued else None
+        summary.series = [(start, int(n), value_sum / valued if valued else None)
+                          for start, (n, value_sum, valued) in sorted(series[name].items())]
+        summary.distribution = _distribution(project, name, since, until, counts.get(name), ranges.get(name))
     return sorted(names.values(), key=lambda summary: summary.name)
 
 
-def _histogram(scores: QuerySet[Score], low: float, high: float) -> list[tuple[str, int]]:
-    """Counts of the values in HISTOGRAM_BINS equal bins from low to high (the last closed)."""
-    if high <= low:
-        return [(f"{low:g}", scores.count())]
+def _distribution(project: Project, name: str, since: datetime, until: datetime,
+                  counts: Optional[dict[str, int]], numeric: Optional[tuple[float, float]]) -> list[tuple[str, int]]:
+    """Labels and true/false by count, most first; numeric values each (up to
+    HISTOGRAM_BINS of them) or in HISTOGRAM_BINS equal bins from the lowest to the
+    highest; from the rows when an hour kept no counts of its values."""
+    if counts is None:
+        low, high = numeric or (0.0, 0.0)
+        scores = Score.objects.filter(project=project, name=name, occurred_at__gte=since, occurred_at__lt=until)
+        shown = [(label, n) for label, n in scores.exclude(kind=ScoreKind.NUMERIC).values_list("label").order_by()
+                 .annotate(n=Count("id"))]
+        return shown + _histogram_of_rows(scores.filter(kind=ScoreKind.NUMERIC), low, high)
+    words = sorted(((key, n) for key, n in counts.items() if not _is_number(key)), key=lambda item: (-item[1], item[0]))
+    values = sorted((float(key), n) for key, n in counts.items() if _is_number(key))
+    if len(values) <= HISTOGRAM_BINS:
+        return words + [(f"{value:g}", n) for value, n in values]
+    low, high = values[0][0], values[-1][0]
     width = (high - low) / HISTOGRAM_BINS
     bins = [0] * HISTOGRAM_BINS
-    index = Least(Floor((F("value") - low) / width), Value(HISTOGRAM_BINS - 1), output_field=FloatField())
-    for row in scores.annotate(bin=index).values("bin").order_by().annotate(n=Count("id")):
-        bins[int(row["bin"])] += row["n"]
+    for value, n in values:
+        bins[min(int((value - low) / width), HISTOGRAM_BINS - 1)] += n
+    return words + _bin_labels(low, width, bins)
+
+
+def _is_number(key: str) -> bool:
+    return key[:1].isdigit() or key[:1] == "-" or key[:2] in ("in", "na")
+
+
+def _bin_labels(low: float, width: float, bins: list[int]) -> list[tuple[str, int]]:
     return [(f"{low + i * width:.3g}–{low + (i + 1) * width:.3g}", count) for i, count in enumerate(bins)]
+
+
+def _histogram_of_rows(scores: QuerySet[Score], low: float, high: float) -> list[tuple[str, int]]:
+    """The values' counts in HISTOGRAM_BINS equal bins from low to high (the last one
+    closed), binned by the database with plain comparisons."""
+    if high <= low:
+        total = scores.count()
+        return [(f"{low:g}", total)] if total else []
+    width = (high - low) / HISTOGRAM_BINS
+    edges = [When(value__lt=low + (i + 1) * width, then=Value(i)) for i in range(HISTOGRAM_BINS - 1)]
+    index = Case(*edges, default=Value(HISTOGRAM_BINS - 1), output_field=IntegerField())
+    bins = [0] * HISTOGRAM_BINS
+    for row in scores.annotate(bin=index).values("bin").order_by().annotate(n=Count("id")):
+        bins[row["bin"]] += row["n"]
+    return _bin_labels(low, width, bins)
 
 
 def score_groups(project: Project, *, since: datetime, until: datetime, by: str) -> list[GroupSummary]:
     """Per score name and tool (``by="tool"``: scores of tool calls) or model
-    (``by="model"``: the round's model, else the conversation's)."""
-    scores = Score.objects.filter(project=project, occurred_at__gte=since, occurred_at__lt=until)
-    if by == "tool":
-        scores = scores.filter(tool_execution__isnull=False).annotate(group=F("tool_execution__tool_name"))
-    else:
-        scores = scores.filter(conversation__isnull=False).annotate(
-            group=Coalesce(NullIf(F("round__model"), Value("")), F("conversation__model")))
-    rows = scores.values("name", "group").order_by("name", "group").annotate(
-        n=Count("id"), mean=Avg("value"), negatives=Count("id", filter=Q(negative=True)))
-    return [GroupSummary(row["name"], row["group"] or "", row["n"], row["mean"], row["negatives"]) for row in rows]
+    (``by="model"``: the round's model, else the conversation's), from the hourly rows."""
+    found: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0, 0])
+    for row in score_hours(project, since, until):
+        if row.dimension == by:
+            item = found[(row.name, row.group)]
+            item[0] += row.count
+            item[1] += row.value_sum
+            item[2] += row.valued
+            item[3] += row.negatives
+    return [GroupSummary(name, group, int(n), value_sum / valued if valued else None, int(negatives))
+            for (name, group), (n, value_sum, valued, negatives) in sorted(found.items())]
 
 
 def score_means_by_conversation(conversation_ids: list[int]) -> dict[int, str]:
@@ -330,7 +435,7 @@ CASE_TOOL_CALLS = 200
 
 
 @dataclass
-class Case:
+class DatasetCase:
     """A dataset item in the making: its id, input, output and source."""
 
     item_id: str
@@ -352,7 +457,7 @@ def _item_key(*parts: str) -> str:
     return f"{parts[0]}:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
-def cases_of_rounds(rounds: list[Round]) -> list[Case]:
+def cases_of_rounds(rounds: list[Round]) -> list[DatasetCase]:
     """Each round as a case: the context the model saw when the round began (the
     messages of the rounds before it, and the round's user message), the tools the
     conversation's agent called, and what the round answered and called. A
@@ -376,7 +481,7 @@ def cases_of_rounds(rounds: list[Round]) -> list[Case]:
             calls = [{"tool": e["tool_name"], "arguments": e["parameters"], "success": e["success"],
                       "observation": _text(e["observation"]), "error_type": e["error_type"]}
                      for e in executions if e["round_id"] == round_.round_id][:CASE_TOOL_CALLS]
-            cases.append(Case(
+            cases.append(DatasetCase(
                 item_id=_item_key("round", conversation.external_id, round_.round_id),
                 input={"user_message": _text(round_.user_message), "messages": context, "tools": tools},
                 output={"final_answer": None if round_.final_answer is None else _text(round_.final_answer),
@@ -398,7 +503,7 @@ def _message(row: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def cases_of_conversations(conversations: list[Conversation]) -> list[Case]:
+def cases_of_conversations(conversations: list[Conversation]) -> list[DatasetCase]:
     """Each conversation as a case: its user messages in order and the tools its
     agent called as input; its answers and tool calls as output."""
     cases = []
@@ -407,7 +512,7 @@ def cases_of_conversations(conversations: list[Conversation]) -> list[Case]:
                       .values("round_id", "user_message", "final_answer", "status"))
         executions = list(ToolExecution.objects.filter(conversation=conversation).order_by("occurred_at", "id")
                           .values("round_id", "tool_name", "parameters", "success")[:CASE_TOOL_CALLS])
-        cases.append(Case(
+        cases.append(DatasetCase(
             item_id=_item_key("conversation", conversation.external_id),
             input={"user_messages": [_text(r["user_message"]) for r in rounds],
                    "tools": sorted({e["tool_name"] for e in executions})},

@@ -35,9 +35,11 @@ from .models import (
     Score,
     ScoreConfig,
     ScoreEdit,
+    ScoreHour,
+    ScoreHourChanged,
     ScoreSource,
 )
-from .selectors import Case
+from .selectors import DatasetCase, hour_rows
 from .rules import ConfigRules, is_negative, kind_of, score_refusal
 
 ERROR_LENGTH = 300
@@ -343,7 +345,7 @@ def dataset_create(*, project: Project, name: str, user: AbstractBaseUser | None
         raise DatasetRefused(f"There is a dataset named {name!r} already.") from None
 
 
-def dataset_add_cases(*, dataset: Dataset, cases: Sequence[Case]) -> int:
+def dataset_add_cases(*, dataset: Dataset, cases: Sequence[DatasetCase]) -> int:
     """Add production cases (``selectors.cases_of_rounds`` / ``cases_of_conversations``);
     one already in the dataset (by item id) is left as it is. Returns how many were added."""
     now = timezone.now()
@@ -385,3 +387,22 @@ def dataset_item_expect(*, item: DatasetItem, expected: Any) -> None:
 
 def dataset_item_delete(*, item: DatasetItem) -> None:
     item.delete()
+
+
+# --- the hourly figures of scores -----------------------------------------------------------
+
+
+def score_hours_refresh(*, project: Project, since: datetime, until: datetime) -> int:
+    """Recompute the ScoreHour rows of the hours in [since, until) whose scores changed
+    (the database marked them: ScoreHourChanged), each whole from its rows, in one
+    transaction; returns how many hours. A score written meanwhile marks its hour
+    again, for the next refresh."""
+    with transaction.atomic():
+        changed = ScoreHourChanged.objects.filter(project=project, hour__gte=since, hour__lt=until)
+        hours = sorted(set(changed.values_list("hour", flat=True)))
+        if not hours:
+            return 0
+        changed.filter(hour__in=hours).delete()
+        ScoreHour.objects.filter(project=project, hour__in=hours).delete()
+        ScoreHour.objects.bulk_create([row for hour in hours for row in hour_rows(project.pk, hour)], batch_size=500)
+    return len(hours)

@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 from django import forms
 from django.contrib import messages
+from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -28,7 +29,7 @@ from dashboard.accounts.models import Membership, Project
 from dashboard.judging.models import Score, ScoreConfig
 from dashboard.judging.rules import ScoreKind
 from dashboard.judging.selectors import score_groups, score_summary
-from dashboard.judging.services import ScoreRefused, score_from_page
+from dashboard.judging.services import ScoreRefused, score_from_page, score_hours_refresh
 from dashboard.observatory.models import Conversation, Round, ToolExecution
 from pipeline import ScoreRecord
 
@@ -218,6 +219,10 @@ def score_overview(request: HttpRequest, project: Project) -> HttpResponse:
     until = timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     since = until - timedelta(hours=hours)
     bucket = "hour" if timedelta(hours=hours) <= HOURLY_UP_TO else "day"
+    try:
+        score_hours_refresh(project=project, since=since, until=until)
+    except DatabaseError:  # busy (ingest holds SQLite's write lock): the summary computes those hours itself
+        pass
     names = score_summary(project, since=since, until=until, bucket=bucket)
     step = timedelta(hours=1) if bucket == "hour" else timedelta(days=1)
     conversations = reverse("web:conversations", args=[project.slug])
