@@ -237,14 +237,17 @@ def hour_rows(project_id: int, hour: datetime) -> list[ScoreHour]:
     return list(rows.values())
 
 
-def score_hours(project: Project, since: datetime, until: datetime) -> list[ScoreHour]:
-    """The ScoreHour rows of [since, until): stored ones for the hours no score changed
-    since they were computed, computed now for the others (a refresh not done yet)."""
+def score_hours(project: Project, since: datetime, until: datetime, dimension: str = "") -> list[ScoreHour]:
+    """The ScoreHour rows of one dimension ("": all of a name's scores, "tool", "model")
+    in [since, until): stored ones for the hours no score changed since they were
+    computed, computed now for the others (a refresh not done yet)."""
     changed = set(ScoreHourChanged.objects.filter(project=project, hour__gte=since, hour__lt=until)
                   .values_list("hour", flat=True).distinct())
-    stored = [row for row in ScoreHour.objects.filter(project=project, hour__gte=since, hour__lt=until)
-              if row.hour not in changed]
-    return stored + [row for hour in sorted(changed) for row in hour_rows(project.pk, hour)]
+    fields = ["hour", "name", "group", "kinds", "count", "valued", "value_sum", "negatives", "low", "high"]
+    stored = ScoreHour.objects.filter(project=project, hour__gte=since, hour__lt=until, dimension=dimension).only(
+        *fields, *(["counts"] if dimension == "" else []))
+    rows = [row for row in stored if row.hour not in changed]
+    return rows + [row for hour in sorted(changed) for row in hour_rows(project.pk, hour) if row.dimension == dimension]
 
 
 def score_summary(project: Project, *, since: datetime, until: datetime, bucket: str) -> list[NameSummary]:
@@ -258,8 +261,6 @@ def score_summary(project: Project, *, since: datetime, until: datetime, bucket:
     counts: dict[str, Optional[dict[str, int]]] = {}
     ranges: dict[str, tuple[float, float]] = {}
     for row in score_hours(project, since, until):
-        if row.dimension:
-            continue
         summary = names.setdefault(row.name, NameSummary(row.name, []))
         summary.kinds.extend(kind for kind in row.kinds if kind not in summary.kinds)
         summary.count += row.count
@@ -340,13 +341,12 @@ def score_groups(project: Project, *, since: datetime, until: datetime, by: str)
     """Per score name and tool (``by="tool"``: scores of tool calls) or model
     (``by="model"``: the round's model, else the conversation's), from the hourly rows."""
     found: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0, 0])
-    for row in score_hours(project, since, until):
-        if row.dimension == by:
-            item = found[(row.name, row.group)]
-            item[0] += row.count
-            item[1] += row.value_sum
-            item[2] += row.valued
-            item[3] += row.negatives
+    for row in score_hours(project, since, until, dimension=by):
+        item = found[(row.name, row.group)]
+        item[0] += row.count
+        item[1] += row.value_sum
+        item[2] += row.valued
+        item[3] += row.negatives
     return [GroupSummary(name, group, int(n), value_sum / valued if valued else None, int(negatives))
             for (name, group), (n, value_sum, valued, negatives) in sorted(found.items())]
 
