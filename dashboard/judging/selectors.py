@@ -237,17 +237,21 @@ def hour_rows(project_id: int, hour: datetime) -> list[ScoreHour]:
     return list(rows.values())
 
 
-def score_hours(project: Project, since: datetime, until: datetime, dimension: str = "") -> list[ScoreHour]:
-    """The ScoreHour rows of one dimension ("": all of a name's scores, "tool", "model")
-    in [since, until): stored ones for the hours no score changed since they were
-    computed, computed now for the others (a refresh not done yet)."""
-    changed = set(ScoreHourChanged.objects.filter(project=project, hour__gte=since, hour__lt=until)
-                  .values_list("hour", flat=True).distinct())
-    fields = ["hour", "name", "group", "kinds", "count", "valued", "value_sum", "negatives", "low", "high"]
-    stored = ScoreHour.objects.filter(project=project, hour__gte=since, hour__lt=until, dimension=dimension).only(
-        *fields, *(["counts"] if dimension == "" else []))
-    rows = [row for row in stored if row.hour not in changed]
-    return rows + [row for hour in sorted(changed) for row in hour_rows(project.pk, hour) if row.dimension == dimension]
+def _changed_hours(project: Project, since: datetime, until: datetime) -> list[datetime]:
+    return sorted(set(ScoreHourChanged.objects.filter(project=project, hour__gte=since, hour__lt=until)
+                      .values_list("hour", flat=True).distinct()))
+
+
+def score_hours(project: Project, since: datetime, until: datetime) -> list[ScoreHour]:
+    """The overall ScoreHour rows (dimension "") of [since, until): the stored ones
+    (read as plain values: a 90-day range holds thousands) for the hours no score
+    changed since they were computed, computed now for the others (a refresh not done yet)."""
+    changed = _changed_hours(project, since, until)
+    fields = ("hour", "name", "kinds", "count", "valued", "value_sum", "negatives", "low", "high", "counts")
+    stored = (ScoreHour.objects.filter(project=project, hour__gte=since, hour__lt=until, dimension="")
+              .exclude(hour__in=changed).values_list(*fields))
+    rows = [ScoreHour(project_id=project.pk, **dict(zip(fields, values))) for values in stored]
+    return rows + [row for hour in changed for row in hour_rows(project.pk, hour) if row.dimension == ""]
 
 
 def score_summary(project: Project, *, since: datetime, until: datetime, bucket: str) -> list[NameSummary]:
@@ -339,14 +343,22 @@ def _histogram_of_rows(scores: QuerySet[Score], low: float, high: float) -> list
 
 def score_groups(project: Project, *, since: datetime, until: datetime, by: str) -> list[GroupSummary]:
     """Per score name and tool (``by="tool"``: scores of tool calls) or model
-    (``by="model"``: the round's model, else the conversation's), from the hourly rows."""
+    (``by="model"``: the round's model, else the conversation's): the stored hours
+    summed by the database, the changed ones computed now."""
+    changed = _changed_hours(project, since, until)
     found: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0, 0])
-    for row in score_hours(project, since, until, dimension=by):
-        item = found[(row.name, row.group)]
-        item[0] += row.count
-        item[1] += row.value_sum
-        item[2] += row.valued
-        item[3] += row.negatives
+    stored = (ScoreHour.objects.filter(project=project, hour__gte=since, hour__lt=until, dimension=by)
+              .exclude(hour__in=changed).values("name", "group").order_by()
+              .annotate(n=Sum("count"), total=Sum("value_sum"), valued=Sum("valued"), negatives=Sum("negatives")))
+    live = [{"name": row.name, "group": row.group, "n": row.count, "total": row.value_sum, "valued": row.valued,
+             "negatives": row.negatives} for hour in changed for row in hour_rows(project.pk, hour)
+            if row.dimension == by]
+    for row in [*stored, *live]:
+        item = found[(row["name"], row["group"])]
+        item[0] += row["n"]
+        item[1] += row["total"] or 0.0
+        item[2] += row["valued"]
+        item[3] += row["negatives"]
     return [GroupSummary(name, group, int(n), value_sum / valued if valued else None, int(negatives))
             for (name, group), (n, value_sum, valued, negatives) in sorted(found.items())]
 
