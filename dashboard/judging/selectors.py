@@ -9,14 +9,30 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterator, Optional
 
-from django.db.models import Avg, Case, Count, Exists, F, IntegerField, Max, Min, OuterRef, Q, QuerySet, Sum, Value, When
+from django.db.models import (
+    Avg,
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.models import Conversation, Message, Round, ToolExecution
 
-from .models import DatasetItem, ReviewItem, ReviewStatus, Score, ScoreHour, ScoreHourChanged, ScoreTarget
+from .models import DatasetItem, ReviewItem, ReviewStatus, Score, ScoreEdit, ScoreHour, ScoreHourChanged, ScoreTarget
 from .rules import ScoreKind
 
 # A score whose target is found (the same rule as Score.linked).
@@ -64,7 +80,9 @@ def scores_filtered(project: Project, filters: ScoreFilters) -> QuerySet[Score]:
         rows = rows.filter(negative=False)
     if filters.linked is not None:
         rows = rows.filter(LINKED) if filters.linked else rows.exclude(LINKED)
-    return rows.annotate(edit_count=Count("edits"))
+    # A count per row returned (a correlated subquery), not a GROUP BY over every score.
+    edits = ScoreEdit.objects.filter(score=OuterRef("pk")).values("score").annotate(n=Count("id")).values("n")
+    return rows.annotate(edit_count=Coalesce(Subquery(edits, output_field=IntegerField()), Value(0)))
 
 
 # --- the pages ----------------------------------------------------------------------
