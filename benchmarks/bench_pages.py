@@ -4,6 +4,7 @@
     .venv/bin/python -m benchmarks.bench_pages --conversations 100000 --tool-executions 1000000
     .venv/bin/python -m benchmarks.bench_pages --db-url postgres://user@127.0.0.1:5432/bench
     .venv/bin/python -m benchmarks.bench_pages --csv-rows 1000000      # + a 1M-row CSV stream's memory
+    .venv/bin/python -m benchmarks.bench_pages --scores 1000000        # + 1M scores (judging pages, filters)
     .venv/bin/python -m benchmarks.bench_pages --db-url postgres://… --conversations 100000 \
         --tool-executions 1000000 --spans 10000000 --retention   # 10M spans, then drop one day of them
 
@@ -394,6 +395,51 @@ def long_conversation(project, external_id: str, rounds: int, now: datetime, *, 
     return conversation.pk
 
 
+def seed_scores(project, total: int) -> None:
+    """``total`` scores over the last week on the project's rounds, tool calls and
+    conversations: thumbs (boolean), stars 1-5 (numeric, configured) and a verdict
+    (categorical, configured, one label negative), with their links set as the link
+    pass would."""
+    from dashboard.judging.models import Score, ScoreConfig
+    from dashboard.judging.rules import ScoreKind
+    from dashboard.observatory.models import Round, ToolExecution
+
+    ScoreConfig.objects.create(project=project, name="stars", kind=ScoreKind.NUMERIC, min_value=1, max_value=5)
+    ScoreConfig.objects.create(project=project, name="verdict", kind=ScoreKind.CATEGORICAL,
+                               labels=["correct", "partial", "wrong"], negative_labels=["wrong"])
+    rng = random.Random(7)
+    now = datetime.now(timezone.utc)
+    week = timedelta(days=7).total_seconds()
+    rounds = list(Round.objects.filter(project=project).values_list("pk", "conversation_id", "trace_id"))
+    calls = list(ToolExecution.objects.filter(project=project).values_list("pk", "conversation_id"))
+    batch = []
+    for i in range(total):
+        at = now - timedelta(seconds=rng.random() * week)
+        kind = rng.random()
+        fields = {"project": project, "score_id": f"bench-{i}", "source": "api", "occurred_at": at, "created_at": at,
+                  "updated_at": at, "author_name": "bench"}
+        if kind < 0.5:
+            round_pk, conversation_id, trace_id = rng.choice(rounds)
+            stars = rng.randint(1, 5)
+            fields.update(name="stars", kind=ScoreKind.NUMERIC, value=float(stars), negative=stars < 3,
+                          target="round", round_id=round_pk, conversation_id=conversation_id)
+        elif kind < 0.8:
+            call_pk, conversation_id = rng.choice(calls)
+            good = rng.random() < 0.8
+            fields.update(name="feedback", kind=ScoreKind.BOOLEAN, value=1.0 if good else 0.0, negative=not good,
+                          target="tool_call", tool_execution_id=call_pk, conversation_id=conversation_id)
+        else:
+            _, conversation_id, _ = rng.choice(rounds)
+            label = rng.choice(["correct", "correct", "partial", "wrong"])
+            fields.update(name="verdict", kind=ScoreKind.CATEGORICAL, label=label, negative=label == "wrong",
+                          target="conversation", conversation_id=conversation_id)
+        batch.append(Score(**fields))
+        if len(batch) == BATCH * 4:
+            store(Score, batch)
+            batch = []
+    store(Score, batch)
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -511,6 +557,13 @@ def measure(seeded: dict, requests: int) -> list[tuple[str, float, float, int]]:
         ("saved views", f"/p/{slug}/views/"),
         ("tools CSV 7d", f"/p/{slug}/tools/export.csv?range=7d"),
         ("tool calls CSV (400 rows)", f"/p/{slug}/conversations/{seeded['compare'][0]}/tool-calls.csv"),
+        ("scores 24h", f"/p/{slug}/scores/?range=24h"),
+        ("scores 7d", f"/p/{slug}/scores/?range=7d"),
+        ("conversations with negative feedback", f"/p/{slug}/conversations/?negative=on"),
+        ("conversations stars at most 2", f"/p/{slug}/conversations/?score=stars&score_max=2"),
+        ("traces with negative feedback", f"/p/{slug}/traces/?negative=on"),
+        ("review queues", f"/p/{slug}/review/"),
+        ("datasets", f"/p/{slug}/datasets/"),
     ]
     results = []
     for name, url in pages:
@@ -599,6 +652,8 @@ def main() -> None:
                         help="--db-url only: measure the database an earlier run seeded (no seeding)")
     parser.add_argument("--retention", action="store_true",
                         help="PostgreSQL: after the pages, drop one day of spans as the daily purge does, timed")
+    parser.add_argument("--scores", type=int, default=0,
+                        help="seed this many scores on the rounds, tool calls and conversations (0: none)")
     parser.add_argument("--csv-rows", type=int, default=0,
                         help="stream a CSV of this many tool calls and report the memory it took (0: skip)")
     args = parser.parse_args()
@@ -618,6 +673,10 @@ def main() -> None:
             seeded = seed(args.conversations, args.tool_executions, args.rounds, args.real_totals,
                           args.compare_rounds, args.spans)
             artifacts(seeded["project"])
+            if args.scores:
+                scores_started = time.perf_counter()
+                seed_scores(seeded["project"], args.scores)
+                print(f"  {args.scores:,} scores: {time.perf_counter() - scores_started:.1f} s", flush=True)
             print(f"Seeded in {time.perf_counter() - started:.1f} s; {args.requests} requests per page\n", flush=True)
         results = measure(seeded, args.requests)
         width = max(len(name) for name, *_ in results)

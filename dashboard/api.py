@@ -18,6 +18,9 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from dashboard.accounts.models import Project
 from dashboard.ingest.api import RECORD_SCHEMA_DEFINITIONS
 from dashboard.ingest.api import router as ingest_router
+from dashboard.ingest.datasets import router as datasets_router
+from dashboard.ingest.scores import SCORE_SCHEMA_DEFINITIONS
+from dashboard.ingest.scores import router as scores_router
 from dashboard.ingest.common import (
     IngestBatch,
     DatabaseBroken,
@@ -126,5 +129,8 @@ def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 # The records body refers to the pipeline's record models: publish them with the schemas
 # ninja generates.
 api.extra_schemas.update(RECORD_SCHEMA_DEFINITIONS)
+api.extra_schemas.update(SCORE_SCHEMA_DEFINITIONS)
 api.add_router("/v1/", ingest_router)
+api.add_router("/v1/", scores_router)
+api.add_router("/v1/", datasets_router)
 api.add_router("/v1/", read_router)

@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "dashboard.observatory",
     "dashboard.tuning",
     "dashboard.web",
+    "dashboard.judging",
 ]
 
 MIDDLEWARE = [
@@ -151,9 +152,12 @@ OBSERVATORY_MAX_ARTIFACT_BYTES = env.env_int(
     "OBSERVATORY_MAX_ARTIFACT_BYTES", 256 * 1024 * 1024, minimum=1
 )
 OBSERVATORY_MAX_RECORDS_PER_BATCH = env.env_int("OBSERVATORY_MAX_RECORDS_PER_BATCH", 5000, minimum=1)
+# Scores one POST /api/v1/scores may carry; more is refused (413) before the body is parsed.
+OBSERVATORY_MAX_SCORES_PER_BATCH = env.env_int("OBSERVATORY_MAX_SCORES_PER_BATCH", 1000, minimum=1)
 # Concurrent ingest requests per process before answering 429 + Retry-After.
 # Paths of the agents' endpoints (API key, no session): they skip the pages' middleware.
-OBSERVATORY_INGEST_PATH_PREFIXES = ("/v1/", "/api/v1/records", "/api/v1/artifacts", "/api/v1/config")
+OBSERVATORY_INGEST_PATH_PREFIXES = ("/v1/", "/api/v1/records", "/api/v1/artifacts", "/api/v1/config",
+                                    "/api/v1/scores", "/api/v1/datasets")
 # Ingest requests a process serves at once: one thread fewer than gunicorn gives it
 # (WEB_THREADS), so a page always finds a thread; past it ingest answers 429.
 OBSERVATORY_MAX_CONCURRENT_INGEST = env.env_int(

@@ -266,10 +266,22 @@ from ._observability import (
 )
 from ._span_export import SpanDeliveryProcessor
 from ._records import IngestResponse, RejectedRecord, register_migration
+from ._scores import ScoreRecord
+from ._datasets import (
+    DatasetError,
+    DatasetItem,
+    fetch_dataset,
+    parse_dataset_line,
+    read_dataset,
+    send_dataset,
+    write_dataset,
+)
 from ._remote_config import ConfigPayload, EffectiveConfig, RemoteConfig, RemoteConfigStats
 
 __all__ += [
     "ConfigPayload",
+    "DatasetError",
+    "DatasetItem",
     "DeliveryStats",
     "EffectiveConfig",
     "ExporterStats",
@@ -279,6 +291,7 @@ __all__ += [
     "RejectedRecord",
     "RemoteConfig",
     "RemoteConfigStats",
+    "ScoreRecord",
     "SpanDeliveryProcessor",
     "SpanHandle",
     "Telemetry",
@@ -289,10 +302,15 @@ __all__ += [
     "configure_observability",
     "configure_telemetry",
     "execute_with_observability",
+    "fetch_dataset",
     "get_observability_config",
     "get_telemetry",
     "hook_executor",
+    "parse_dataset_line",
     "parse_otlp_headers",
+    "read_dataset",
     "records_for_result",
     "register_migration",
+    "send_dataset",
+    "write_dataset",
 ]

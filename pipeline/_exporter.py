@@ -22,6 +22,11 @@ Artifacts go through a second, smaller queue and thread (``PUT
 /api/v1/artifacts/{id}``), so a large upload never holds records back. They are not
 spooled: the bytes stay in the agent's artifact store.
 
+Scores (``score``: an automatic check's verdict on a round, a user's thumbs) go
+through a third queue (``POST /api/v1/scores``), with the same bounds, batching and
+retries as records; its thread starts with the first score. Each score carries a
+client-made ``score_id``, so a retried batch stores nothing twice. Not spooled.
+
 Accounting, once ``flush`` has returned True (and with no spool)::
 
     submitted == sent + rejected + dropped + failures + queue_depth
@@ -49,6 +54,7 @@ from ._delivery import DeliveryQueue, DeliveryStats, Outcome, Refused, Transport
 from ._levels import OutputLevel
 from ._models import ToolExecutionResult, ToolInvocationRequest
 from ._records import IngestResponse, LevelRendering, RecordSchemaError, ToolResultRecord, _Record, parse_record
+from ._scores import MAX_SCORES_PER_BATCH, ScoreRecord
 from ._spool import FsyncPolicy, Spool
 
 logger = logging.getLogger("pipeline.exporter")
@@ -81,6 +87,9 @@ class ExporterStats:
     spool_errors: int = 0
     spool_bytes: int = 0
     spool_lag_ms_max: float = 0.0  # longest submit-to-disk delay: the kill -9 window
+    scores_submitted: int = 0  # every call of score() / submit_score()
+    scores_sent: int = 0  # acknowledged by the dashboard (stored, already stored, or edited)
+    scores_failed: int = 0  # refused (locally or by the dashboard), dropped, or given up
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -206,15 +215,29 @@ class RecordExporter:
             interval_s=self.flush_interval_s,
             **retry,
         )
+        self._scores = DeliveryQueue(
+            name="pipeline-score-exporter",
+            encode=_encode_score,
+            send=self._send_scores,
+            max_items=max_queue,
+            max_bytes=max_queue_bytes,
+            batch_size=min(batch_size, MAX_SCORES_PER_BATCH),
+            max_batch_bytes=max_batch_bytes,
+            interval_s=self.flush_interval_s,
+            **retry,
+        )
+        self._started = False
         if start:
             self.start()
         if register_atexit:
             atexit.register(self.shutdown, 2.0)
 
     def start(self) -> None:
-        """Start the sending threads (done by the constructor unless ``start=False``)."""
+        """Start the sending threads (done by the constructor unless ``start=False``);
+        the scores' starts with the first score."""
         self._records.start()
         self._artifacts.start()
+        self._started = True
 
     # --- the agent thread: cheap, never raises ---------------------------------------
 
@@ -265,8 +288,54 @@ class RecordExporter:
         self._artifacts._wake.set()
         return accepted
 
+    def score(
+        self,
+        name: str,
+        value: Union[bool, int, float, None] = None,
+        *,
+        label: Optional[str] = None,
+        comment: Optional[str] = None,
+        conversation_id: Optional[str] = None,
+        round_id: Optional[str] = None,
+        tool_call_id: Optional[str] = None,
+        trace_id: Optional[str] = None,
+        span_id: Optional[str] = None,
+        response_id: Optional[str] = None,
+        score_id: Optional[str] = None,
+        occurred_at: Optional[datetime] = None,
+    ) -> bool:
+        """Queue one score for ``POST /api/v1/scores``; never raises, never waits.
+
+        ``value`` is a number or a boolean, ``label`` a category (one of them at
+        least); name what it judges with ``conversation_id`` (and ``round_id``),
+        ``tool_call_id``, ``trace_id`` (and ``span_id``) or ``response_id``. The
+        dashboard checks it against the name's score config; a refusal is counted
+        in ``stats().scores_failed``. Give ``score_id`` to make sending the same
+        score twice (from two processes, after a restart) store it once, and to
+        change it later. Returns False when it was refused here (junk, after shutdown).
+        """
+        fields = {
+            "name": name, "value": value, "label": label, "comment": comment, "conversation_id": conversation_id,
+            "round_id": round_id, "tool_call_id": tool_call_id, "trace_id": trace_id, "span_id": span_id,
+            "response_id": response_id, "score_id": score_id, "occurred_at": occurred_at,
+        }
+        return self.submit_score({key: item for key, item in fields.items() if item is not None})
+
+    def submit_score(self, score: Any) -> bool:
+        """Queue one score (a ``ScoreRecord``, or a dict it accepts); never raises."""
+        if not isinstance(score, ScoreRecord):
+            try:
+                score = ScoreRecord.model_validate(score)
+            except Exception as exc:  # junk, or a hostile object: counted, never our caller's problem
+                self._scores.refuse("invalid_score")
+                logger.debug("score refused locally (counted as failed): %s", str(exc)[:200])
+                return False
+        if self._started:
+            self._scores.start()
+        return self._scores.put(score)
+
     def stats(self) -> ExporterStats:
-        records, artifacts = self._records.stats(), self._artifacts.stats()
+        records, artifacts, scores = self._records.stats(), self._artifacts.stats(), self._scores.stats()
         return ExporterStats(
             submitted=records.submitted,
             sent=records.sent,
@@ -278,7 +347,7 @@ class RecordExporter:
             queue_depth=records.queue_depth,
             artifacts_sent=artifacts.sent,
             artifacts_failed=artifacts.rejected + artifacts.dropped + artifacts.failures + artifacts.filtered,
-            last_error=records.last_error or artifacts.last_error,
+            last_error=records.last_error or artifacts.last_error or scores.last_error,
             queue_bytes=records.queue_bytes,
             reasons=records.reasons,
             replayed=records.replayed,
@@ -287,6 +356,9 @@ class RecordExporter:
             spool_errors=records.spool_errors,
             spool_bytes=records.spool_bytes,
             spool_lag_ms_max=records.spool_lag_ms_max,
+            scores_submitted=scores.submitted,
+            scores_sent=scores.sent,
+            scores_failed=scores.rejected + scores.dropped + scores.failures + scores.filtered,
         )
 
     def delivery_stats(self) -> tuple[DeliveryStats, DeliveryStats]:
@@ -297,7 +369,8 @@ class RecordExporter:
         """Wait until everything queued so far has been sent or given up; bounded."""
         deadline = time.monotonic() + max(0.0, timeout)
         records = self._records.flush(timeout)
-        return self._artifacts.flush(max(0.0, deadline - time.monotonic())) and records
+        scores = not self._scores.stats().queue_depth or self._scores.flush(max(0.0, deadline - time.monotonic()))
+        return self._artifacts.flush(max(0.0, deadline - time.monotonic())) and records and scores
 
     def shutdown(self, timeout: float = 5.0) -> bool:
         """Send what can be sent within ``timeout`` seconds, then stop; never hangs.
@@ -307,9 +380,10 @@ class RecordExporter:
         delivered (or given up) in time.
         """
         deadline = time.monotonic() + max(0.0, timeout)
-        records = self._records.shutdown(timeout * 0.7)
+        records = self._records.shutdown(timeout * 0.6)
+        scores = self._scores.shutdown(max(0.0, deadline - time.monotonic()) * 0.5)
         artifacts = self._artifacts.shutdown(max(0.0, deadline - time.monotonic()))
-        return records and artifacts
+        return records and artifacts and scores
 
     def __enter__(self) -> RecordExporter:
         return self
@@ -328,9 +402,17 @@ class RecordExporter:
                         max_retry_after_s=self.max_retry_after_s, now=self._clock())
 
     def _send_records(self, batch: list[Any]) -> Outcome:
-        body = b'{"records":[' + b",".join(entry.payload for entry in batch) + b"]}"
+        return self._send_batch(batch, "records", "record")
+
+    def _send_scores(self, batch: list[Any]) -> Outcome:
+        # The scores answer has the records' shape (plus "updated", read as delivered).
+        return self._send_batch(batch, "scores", "score")
+
+    def _send_batch(self, batch: list[Any], collection: str, item: str) -> Outcome:
+        """POST ``{"<collection>": [...]}`` to ``/api/v1/<collection>`` and read the answer."""
+        body = b'{"' + collection.encode() + b'":[' + b",".join(entry.payload for entry in batch) + b"]}"
         outcome, answer = self._exchange(
-            "POST", f"{self.endpoint}/api/v1/records", {"Content-Type": "application/json"}, body
+            "POST", f"{self.endpoint}/api/v1/{collection}", {"Content-Type": "application/json"}, body
         )
         if outcome is not None:
             return outcome
@@ -343,8 +425,8 @@ class RecordExporter:
         error = None
         if response.rejected:
             first = response.rejected[0]
-            error = f"record {first.index} rejected: {first.error[:200]}"
-            logger.debug("dashboard rejected records, first: %s", first.error[:200])
+            error = f"{item} {first.index} rejected: {first.error[:200]}"
+            logger.debug("dashboard rejected %s, first: %s", collection, first.error[:200])
         return Outcome(delivered=len(batch), duplicates=response.duplicates,
                        rejected=len(response.rejected), error=error)
 
@@ -382,6 +464,13 @@ def _encode_record(item: Any) -> tuple[bytes, None]:
     try:
         return record.model_dump_json().encode(), None
     except Exception as exc:  # e.g. a field the agent mutated into junk after submit
+        raise Refused("unserializable", str(exc)[:300]) from None
+
+
+def _encode_score(item: Any) -> tuple[bytes, None]:
+    try:
+        return item.model_dump_json().encode(), None
+    except Exception as exc:  # a field the caller mutated into junk after submitting
         raise Refused("unserializable", str(exc)[:300]) from None
 
 

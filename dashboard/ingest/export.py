@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from dashboard.observatory.models import IngestTransport
 
+from .evaluations import evaluations_attach, log_evaluations, span_evaluations
 from .common import (
     IngestBatch,
     IngestError,
@@ -179,7 +180,7 @@ def _prepare(request: ExportRequest, batch: IngestBatch,
              authenticate: Callable[[str, str], Any] = _authenticate) -> _Prepared:
     """Inside the gate: authenticate, read, decode, and prepare the write; what is
     learnt of the batch is written into ``batch`` as it goes."""
-    project, _, check = authenticate(request.authorization, request.signal)
+    project, key_id, check = authenticate(request.authorization, request.signal)
     batch.project_id = project.pk
     derivations_keep_up()
     body = request.read_body()
@@ -187,13 +188,15 @@ def _prepare(request: ExportRequest, batch: IngestBatch,
     if request.signal == TRACES:
         decoded = _decoded(decode_request, body, request.content_type, OtlpTooManySpans)
         batch.items, batch.item_name = len(decoded.spans), "spans"
-        return _Prepared(TRACES, len(decoded.spans), decoded.rejected, decoded.error_message,
-                         spans_prepare(project=project, spans=decoded.spans, key_check=check), batch)
+        pending = spans_prepare(project=project, spans=decoded.spans, key_check=check)
+        pending = evaluations_attach(pending, project=project, key_id=key_id, scores=span_evaluations(decoded.spans))
+        return _Prepared(TRACES, len(decoded.spans), decoded.rejected, decoded.error_message, pending, batch)
     if request.signal == LOGS:
         decoded = _decoded(decode_logs_request, body, request.content_type, OtlpTooManyLogs)
         batch.items, batch.item_name = len(decoded.logs), "log records"
-        return _Prepared(LOGS, len(decoded.logs), decoded.rejected, decoded.error_message,
-                         logs_prepare(project=project, logs=decoded.logs), batch)
+        pending = logs_prepare(project=project, logs=decoded.logs)
+        pending = evaluations_attach(pending, project=project, key_id=key_id, scores=log_evaluations(decoded.logs))
+        return _Prepared(LOGS, len(decoded.logs), decoded.rejected, decoded.error_message, pending, batch)
     raise ValueError(f"unknown signal {request.signal!r}")
 
 

@@ -7,6 +7,8 @@ from typing import Any, Optional
 
 from django import forms
 
+from dashboard.judging.selectors import ScoreMatch
+
 CONVERSATION_SORTS = {
     "-last_activity_at": "Latest activity first",
     "last_activity_at": "Oldest activity first",
@@ -50,7 +52,36 @@ def start_of(value: Optional[date | datetime]) -> Optional[datetime]:
     return datetime.combine(value, time.min, tzinfo=timezone.utc)
 
 
-class ConversationFilterForm(forms.Form):
+class ScoreFilterForm(forms.Form):
+    """The lists' score filters: a score with this name, value range or label, or
+    negative feedback, made in a time range (the scores summary's drill-down)."""
+
+    score = forms.CharField(required=False, max_length=200, label="Score name")
+    score_min = forms.FloatField(required=False, min_value=-1e15, max_value=1e15, label="Score at least")
+    score_max = forms.FloatField(required=False, min_value=-1e15, max_value=1e15, label="Score at most")
+    score_label = forms.CharField(required=False, max_length=200, label="Score label")
+    negative = forms.BooleanField(required=False, label="Has negative feedback")
+    scored_since = DayOrTimeField(label="Scored from")
+    scored_until = DayOrTimeField(label="Scored until")
+
+    def clean(self) -> dict:
+        data = super().clean()
+        low, high = data.get("score_min"), data.get("score_max")
+        if low is not None and high is not None and low > high:
+            raise forms.ValidationError("'Score at least' is above 'Score at most'.")
+        return data
+
+    def score_match(self) -> ScoreMatch:
+        data = self.cleaned_data
+        until = data.get("scored_until")
+        if isinstance(until, date) and not isinstance(until, datetime):
+            until = start_of(until + timedelta(days=1))
+        return ScoreMatch(name=data["score"].strip(), min_value=data["score_min"], max_value=data["score_max"],
+                          label=data["score_label"].strip(), negative=bool(data["negative"]),
+                          since=start_of(data.get("scored_since")), until=until)
+
+
+class ConversationFilterForm(ScoreFilterForm):
     q = forms.CharField(required=False, max_length=200, label="Search text",
                         widget=forms.TextInput(attrs={"data-search": "", "placeholder": "press / to search"}))
     all_text = forms.BooleanField(required=False, label="also system and tool text")
@@ -98,7 +129,7 @@ class RangeForm(forms.Form):
         return value or DEFAULT_RANGE
 
 
-class TraceFilterForm(forms.Form):
+class TraceFilterForm(ScoreFilterForm):
     """The trace list's filters (on each trace's root span) and its cursor."""
 
     q = forms.CharField(required=False, max_length=200, label="Span name",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO
 
 from .. import (
+    DatasetError,
     ExporterStats,
     ObservabilityConfig,
     RecordExporter,
@@ -32,10 +33,15 @@ from .. import (
     TraceSampling,
     UrllibTransport,
     configure_telemetry,
+    fetch_dataset,
+    read_dataset,
+    send_dataset,
+    write_dataset,
 )
 from .agent import AgentStats, DemoAgent
 from .data import build_sales_database
 from .model import Scenario, ScriptedModel
+from .replay import DATASET_NAME, demo_dataset, replay
 from .scenarios import scenario_for
 
 USERS = ("ana.silva", "li.wei", "ben.okafor", "mei.chen", "dara.novak", "jun.park", "fang.liu")
@@ -189,12 +195,14 @@ def _run(args: argparse.Namespace, work_dir: Path, stdout: TextIO, stderr: TextI
 
     if remote is not None:
         remote.stop(timeout=1.0)
+    regression = _regression_run(args, database, work_dir)
     delivered = True
     if exporter is not None:
         stderr.write(f"Sending what is still queued (at most {args.flush_timeout:g} s) ...\n")
         delivered = exporter.shutdown(timeout=args.flush_timeout)
     telemetry.shutdown(timeout=min(5.0, max(0.5, args.flush_timeout / 2)))
     _summary(stdout, args, agent, exporter, transport, agent_seconds, time.monotonic() - started)
+    stdout.write(regression + "\n")
 
     if exporter is None:
         return 0
@@ -208,6 +216,26 @@ def _run(args: argparse.Namespace, work_dir: Path, stdout: TextIO, stderr: TextI
             "the agent ran fine, but some records were not delivered.\n"
         )
     return 0
+
+
+def _regression_run(args: argparse.Namespace, database: Path, work_dir: Path) -> str:
+    """A small dataset of the agent's own answers, written to a file and (online) to
+    the dashboard, read back from each and replayed; one summary line."""
+    path = work_dir / "demo-dataset.jsonl"
+    artifacts = work_dir / "regression-artifacts"
+    count = write_dataset(path, demo_dataset(database, artifacts))
+    from_file = replay(read_dataset(path), database, artifacts)
+    line = (f"  dataset            {count} items in {path.name}: replayed from the file, "
+            f"{from_file.passed}/{from_file.items} answers as expected")
+    if args.offline:
+        return line
+    try:
+        send_dataset(args.endpoint, args.api_key, DATASET_NAME, read_dataset(path))
+        from_dashboard = replay(fetch_dataset(args.endpoint, args.api_key, DATASET_NAME),
+                                database, artifacts)
+    except (DatasetError, OSError, ValueError) as exc:
+        return line + f"; the dashboard's copy could not be made ({str(exc)[:120]})"
+    return line + (f"; from the dashboard's \"{DATASET_NAME}\" {from_dashboard.passed}/{from_dashboard.items}")
 
 
 def _telemetry(args: argparse.Namespace) -> Telemetry:
@@ -259,6 +287,7 @@ def _summary(
     ]
     if exporter is None:
         lines.append(f"  records            {s.records} made (offline: nothing sent)")
+        lines.append(f"  scores             {s.scores} made (offline: nothing sent)")
     else:
         e: ExporterStats = exporter.stats()
         lines.append(
@@ -266,6 +295,7 @@ def _summary(
             f"{e.rejected} rejected, {e.dropped} dropped, {e.failures} not delivered"
         )
         lines.append(f"  artifact uploads   {e.artifacts_sent} sent, {e.artifacts_failed} failed")
+        lines.append(f"  scores             {s.scores} made, {e.scores_sent} sent, {e.scores_failed} not stored")
         if transport is not None and transport.unreachable:
             lines.append(f"  dashboard          unreachable {transport.unreachable} times ({args.endpoint})")
     out.write("\n".join(lines) + "\n")

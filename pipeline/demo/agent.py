@@ -67,6 +67,9 @@ MAX_STEPS_PER_ROUND = 16  # a model that never answers must not loop forever
 DEFAULT_CONTEXT_WINDOW = 1_600  # small on purpose: the long scenarios must compress
 SKILLS_DIR = Path(__file__).resolve().parent / "skills"
 _PRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
+# The automatic check scored on each round that ran a tool (answer_quotes_tool_figure).
+GROUNDED_SCORE = "answer_quotes_tool_figure"
+_FIGURE = re.compile(r"(?<![0-9.])\d[\d,]*(?:\.\d+)?")
 
 # How each demo tool is registered: caching where a repeat is really the same answer.
 TOOL_SETTINGS: dict[str, dict[str, Any]] = {
@@ -123,6 +126,7 @@ class AgentStats:
     refused_activations: int = 0
     artifacts: int = 0
     records: int = 0
+    scores: int = 0
 
     def add(self, other: "AgentStats") -> None:
         for f in fields(self):
@@ -148,6 +152,8 @@ class _Round:
     stack: SkillActivationStack
     tool_hook: ToolResultHook  # turns each tool execution into a span, a record, an upload
     thoughts: list[str] = field(default_factory=list)
+    tool_calls: int = 0
+    observations: list[str] = field(default_factory=list)  # what the round's tools returned (successes)
     context_tokens: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -172,6 +178,13 @@ class _Outbox:
     def upload_artifact(self, artifact_id: str, data: bytes, content_type: str) -> None:
         if self.exporter is not None:
             self.exporter.upload_artifact(artifact_id, data, content_type)
+
+    def score(self, name: str, value: Any, **fields: Any) -> None:
+        """A score of the agent's own checks (an exporter without ``score`` gets none)."""
+        self.stats.scores += 1
+        send = getattr(self.exporter, "score", None)
+        if send is not None:
+            send(name, value, **fields)
 
     def artifact_to_upload(self, artifact_id: str) -> Optional[tuple[bytes, str]]:
         """The hook's ``read_artifact``: the bytes of an artifact not seen before."""
@@ -365,6 +378,10 @@ class DemoAgent:
                     ended_at=_now(),
                 )
             )
+            if state.tool_calls:  # nothing to check an answer against in a round that ran no tool
+                passed, why = answer_quotes_tool_figure(final_answer, state.observations)
+                self._outbox.score(GROUNDED_SCORE, passed, comment=why,
+                                   conversation_id=conversation.conversation_id, round_id=round_id)
         self.stats.rounds += 1
 
     def _react(self, conversation: _Conversation, state: _Round) -> Optional[str]:
@@ -482,6 +499,9 @@ class DemoAgent:
             request, context_usage=min(1.0, usage / self.context_window), context_modifier=conversation.modifier
         )
         self._count_result(result)
+        state.tool_calls += 1
+        if result.success:
+            state.observations.append(result.observation)
         state.tool_hook.handle(request, result, self._all_renderings(request, result, renderings))
         return _tool_message(call, result)
 
@@ -568,6 +588,31 @@ class DemoAgent:
         )
         message = {"role": "tool", "tool_call_id": call["id"], "name": SKILL_TOOL, "content": answer, "status": "success"}
         return message, result.to_llm_messages()
+
+
+def answer_quotes_tool_figure(answer: Optional[str], observations: list[str]) -> tuple[bool, str]:
+    """The demo's automatic check of a round: does the answer quote a figure (a
+    number of two digits or more) that one of the round's tools returned? Returns
+    the verdict and why, in words for the score's comment."""
+    if not answer:
+        return False, "the round has no answer"
+    returned = {value for text in observations for value in _figures(text)}
+    quoted = _figures(answer)
+    if not quoted:
+        return False, "the answer quotes no figure"
+    found = [value for value in quoted if value in returned]
+    if found:
+        return True, f"quotes {found[0]:g}, which a tool returned"
+    return False, f"quotes {quoted[0]:g}, which no tool of the round returned"
+
+
+def _figures(text: str) -> list[float]:
+    values = []
+    for match in _FIGURE.findall(text):
+        digits = match.replace(",", "")
+        if sum(ch.isdigit() for ch in digits) >= 2:
+            values.append(float(digits))
+    return values
 
 
 def _first_line(exc: BaseException) -> str:

@@ -144,6 +144,8 @@
   }
 
   var KINDS = { "token-budget": tokenBudget, histogram: histogram, activity: activity, usage: usage };
+  // Other scripts add chart kinds here (judging.js: score series), before the page loads.
+  window.observatoryCharts = { kinds: KINDS, barsAndLines: barsAndLines, colors: COLORS };
 
   function drawCharts(root) {
     if (typeof window.Chart === "undefined") return;

@@ -52,6 +52,7 @@ from dashboard.observatory.busy import database_busy
 from dashboard.observatory.models import DerivationNote
 
 from .batch import Batch, Pass
+from .extra import registered_passes
 from .notes import ready
 from .passes import PASSES
 
@@ -254,9 +255,10 @@ def _rows_window(notes: list[DerivationNote]) -> tuple[datetime, datetime]:
     return since, max(note.created_at for note in about_rows) + CLOCK_SLACK
 
 
-def passes_run(batch: Batch, passes: tuple[Pass, ...] = PASSES) -> None:
-    """Run the passes over the batch, in their fixed order (``passes.PASSES``)."""
-    for derivation in passes:
+def passes_run(batch: Batch, passes: tuple[Pass, ...] | None = None) -> None:
+    """Run the passes over the batch, in their fixed order (``passes.PASSES``, then
+    those other apps registered: ``extra``), or only ``passes``."""
+    for derivation in PASSES + registered_passes() if passes is None else passes:
         derivation.run(batch)
 
 

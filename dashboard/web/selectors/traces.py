@@ -11,6 +11,7 @@ from typing import Any, Optional
 from django.db.models import BooleanField, Case, Count, Exists, OuterRef, Q, QuerySet, Value, When
 
 from dashboard.accounts.models import Project
+from dashboard.judging.selectors import ScoreMatch, traces_scored
 from dashboard.observatory.models import Conversation, Span
 from dashboard.observatory.selectors import trace_spans
 
@@ -45,6 +46,7 @@ def trace_roots(
     project: Project, *, service: str = "", status: str = "", has_errors: bool = False,
     min_ms: Optional[float] = None, max_ms: Optional[float] = None, since: Optional[datetime] = None,
     until: Optional[datetime] = None, q: str = "", conversation_id: Optional[int] = None,
+    scored: Optional[ScoreMatch] = None,
 ) -> QuerySet[Span]:
     """The root spans (one per trace) of the project matching the filters, unordered.
     Filters on the root ride the partial span_project_roots index; ``has_errors``
@@ -77,6 +79,8 @@ def trace_roots(
         qs = qs.filter(_per_root(same_trace.filter(status_code=2)))
     if q:
         qs = qs.filter(_per_root(same_trace.filter(name__icontains=q)))
+    if scored:
+        qs = qs.filter(_per_root(*traces_scored(project, scored)))
     if conversation_id is not None:
         # The conversation's traces (span_conversation_time), whichever span names it, read
         # first: as a subquery PostgreSQL would walk every root of the project testing each.
@@ -86,8 +90,10 @@ def trace_roots(
     return qs
 
 
-def _per_root(spans: QuerySet[Span]) -> Case:
-    return Case(When(Exists(spans), then=Value(True)), default=Value(False), output_field=BooleanField())
+def _per_root(*rows: QuerySet[Any]) -> Case:
+    """True when one of the subqueries finds a row (each tested per root, in order)."""
+    return Case(*(When(Exists(found), then=Value(True)) for found in rows), default=Value(False),
+                output_field=BooleanField())
 
 
 def trace_page(qs: QuerySet[Span], *, after: str = "", before: str = "",

@@ -9,6 +9,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from dashboard.accounts.models import Project
+from dashboard.judging.selectors import scores_compared
 
 from ..access import project_page
 from ..selectors.compare import compare
@@ -40,6 +41,7 @@ def compare_conversations(request: HttpRequest, project: Project) -> HttpRespons
         raise Http404("no such page of rounds")
     return render(request, "web/compare.html", {
         "project": project, "nav_section": "conversations", "cmp": comparison,
+        "scores": scores_compared(first, second),
     })
 
 

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from django.db.models import Case, Count, F, QuerySet, Sum, When
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 
 from dashboard.accounts.models import Project
+from dashboard.judging.selectors import conversations_scored, score_means_by_conversation
 from dashboard.observatory.models import Conversation
 from dashboard.observatory.selectors import conversation_text_match, conversations_for_project, ordered_conversations
 
@@ -22,7 +23,7 @@ def filtered_conversations(form: ConversationFilterForm, project: Project) -> Qu
     """The list's filters (a valid form) on the project's conversations: one
     reading for the page, its CSV export and a saved view."""
     data = form.cleaned_data
-    return conversations_for_project(
+    listed = conversations_for_project(
         project,
         user_id=data["user"].strip(),
         model=data["model"].strip(),
@@ -32,6 +33,7 @@ def filtered_conversations(form: ConversationFilterForm, project: Project) -> Qu
         since=form.since_datetime(),
         until=form.until_datetime(),
     )
+    return conversations_scored(listed, form.score_match())
 
 
 def _list_context(request: HttpRequest, project: Project) -> tuple[dict, int]:
@@ -85,6 +87,17 @@ def _user_cost(qs: QuerySet[Conversation], user_id: str) -> Optional[dict[str, A
             "unpriced_rounds": totals["unpriced"] or 0}
 
 
+def _chunks(rows: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 EXPORT_COLUMNS = (
     "id", "external_id", "title", "user_id", "model", "status", "rounds", "tool_calls", "errors", "retries",
     "input_tokens", "output_tokens", "cost_pico_usd", "unpriced_rounds", "max_context_tokens", "compressions",
@@ -108,11 +121,13 @@ def conversation_export(request: HttpRequest, project: Project) -> HttpResponse:
     shown = qs.annotate(shown_title=Case(When(title="", then=F("external_id")), default=F("title")))
     columns = tuple("shown_title" if name == "title" else name for name in EXPORT_COLUMNS)
     rows = ordered_conversations(shown, form.cleaned_data["sort"] or "-last_activity_at").values_list(*columns)
-    header = [("cost_usd" if name == "cost_pico_usd" else name) for name in EXPORT_COLUMNS]
+    header = [("cost_usd" if name == "cost_pico_usd" else name) for name in EXPORT_COLUMNS] + ["scores"]
     cost_at = EXPORT_COLUMNS.index("cost_pico_usd")
 
     def lines() -> Any:
-        for row in rows.iterator(chunk_size=CHUNK_ROWS):
-            yield row[:cost_at] + (usd_plain(row[cost_at]),) + row[cost_at + 1:]
+        for chunk in _chunks(rows.iterator(chunk_size=CHUNK_ROWS), CHUNK_ROWS):
+            scores = score_means_by_conversation([row[0] for row in chunk])
+            for row in chunk:
+                yield row[:cost_at] + (usd_plain(row[cost_at]),) + row[cost_at + 1:] + (scores.get(row[0], ""),)
 
     return csv_response(f"conversations-{project.slug}.csv", header, lines())

@@ -4,6 +4,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from dashboard.accounts.models import Project
+from dashboard.judging.selectors import scores_of_trace
 from dashboard.observatory.models import Conversation
 
 from ..access import project_page
@@ -11,7 +12,7 @@ from ..forms import TraceFilterForm
 from ..selectors.conversations import BadCursor
 from ..selectors.logs import trace_logs
 from ..selectors.saved_views import saved_views_for
-from ..selectors.traces import trace_page, trace_roots, waterfall
+from ..selectors.traces import Waterfall, trace_page, trace_roots, waterfall
 
 
 @project_page
@@ -32,6 +33,7 @@ def trace_list(request: HttpRequest, project: Project) -> HttpResponse:
         project, service=data["service"].strip(), status=data["status"], has_errors=data["has_errors"],
         min_ms=data["min_ms"], max_ms=data["max_ms"], since=form.since_datetime(), until=form.until_datetime(),
         q=data["q"].strip(), conversation_id=conversation.pk if conversation else None,
+        scored=form.score_match(),
     )
     try:
         page = trace_page(roots, after=data["after"], before=data["before"])
@@ -48,8 +50,11 @@ def trace_list(request: HttpRequest, project: Project) -> HttpResponse:
 @project_page
 def trace_detail(request: HttpRequest, project: Project, trace_id: str) -> HttpResponse:
     view = waterfall(project, trace_id)
+    scores = scores_of_trace(project, trace_id)
     if view is None:
-        raise Http404("no such trace")
+        if not scores:
+            raise Http404("no such trace")
+        view = Waterfall(trace_id=trace_id, rows=[], duration_ms=0.0, truncated=False)  # scored, no span yet
     conversation_ids = {row.span.conversation_id for row in view.rows if row.span.conversation_id}
     conversations = list(
         Conversation.objects.filter(project=project, pk__in=conversation_ids).only("id", "title", "external_id")[:5]
@@ -67,5 +72,5 @@ def trace_detail(request: HttpRequest, project: Project, trace_id: str) -> HttpR
         request,
         "web/trace.html",
         {"project": project, "nav_section": "traces", "waterfall": view, "conversations": conversations,
-         "resources": resources, "trace_logs": logs},
+         "resources": resources, "trace_logs": logs, "trace_scores": scores},
     )

@@ -16,13 +16,12 @@ from pipeline import parse_record
 
 
 def migrate(target: str | None = None) -> None:
-    """To ``target``, or to the latest migration (where every test after this one runs)."""
+    """Observatory to ``target``, or every app to its latest migration (where every test
+    after this one runs: the apps whose migrations depend on observatory's, which going
+    back unapplied, included)."""
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
-    if target is None:
-        (node,) = [node for node in executor.loader.graph.leaf_nodes() if node[0] == "observatory"]
-        target = node[1]
-    executor.migrate([("observatory", target)])
+    executor.migrate(executor.loader.graph.leaf_nodes() if target is None else [("observatory", target)])
 
 
 @pytest.mark.django_db(transaction=True)  # migrations change the schema

@@ -153,8 +153,8 @@ def test_it_escapes_what_agents_wrote(client_in, project):
 def test_it_pages_long_conversations_with_a_flat_query_count(client_in, project, django_assert_max_num_queries):
     a = conversation(project, "long-a", ROUNDS_PER_PAGE + 5, compress_round=3)
     b = conversation(project, "long-b", ROUNDS_PER_PAGE + 2)
-    # session, user, project, switcher, 2 conversations, prices, 3 per side: not per round
-    with django_assert_max_num_queries(13):
+    # session, user, project, switcher, 2 conversations, prices, 3 per side, the scores: not per round
+    with django_assert_max_num_queries(14):
         body = client_in.get(compare_url(project, a, b)).content.decode()
     assert len(rows(body)) == ROUNDS_PER_PAGE and 'data-testid="compare-next"' in body
     page2 = client_in.get(compare_url(project, a, b, page=2)).content.decode()

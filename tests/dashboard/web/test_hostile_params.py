@@ -15,7 +15,8 @@ JUNK = [
     "%", "[]", "{}", "true", "null",
 ]
 PARAMS = ["q", "page", "cursor", "after", "before", "sort", "order", "status", "model", "user", "tool",
-          "has_errors", "since", "until", "range", "level", "rounds", "limit", "direction", "a", "b", "c"]
+          "has_errors", "since", "until", "range", "level", "rounds", "limit", "direction", "a", "b", "c",
+          "score", "score_min", "score_max", "score_label", "negative", "scored_since", "scored_until"]
 
 
 @pytest.fixture
@@ -27,6 +28,12 @@ def urls(project):
     compression = CompressionEvent.objects.filter(project=project).first()
     artifact = add_artifact(project, b'{"a": 1}')
     add_span(project, "ab" * 16, "cd" * 8, "agent.round")
+    from dashboard.judging.services import dataset_create, review_queue_create
+
+    queue = review_queue_create(project=project, name="q", query="", user=None,
+                                conversations=Conversation.objects.filter(project=project))
+    item = queue.items.first()
+    dataset = dataset_create(project=project, name="d", user=None)
     p = f"/p/{project.slug}/"
     return [
         p, p + "conversations/", p + "conversations/rows/", p + f"conversations/{conversation.pk}/",
@@ -35,6 +42,8 @@ def urls(project):
         p + f"tools/{execution.tool_name}/", p + f"compressions/{compression.pk}/", p + "artifacts/",
         p + f"artifacts/{artifact.artifact_id}/", p + f"traces/{'ab' * 16}/", p + "keys/",
         p + "compare/", p + f"compare/?a={conversation.pk}&b={conversation.pk}", p + "views/",
+        p + "traces/", p + "scores/", p + "review/", p + f"review/{queue.pk}/", p + f"review/{queue.pk}/items/{item.pk}/",
+        p + "datasets/", p + f"datasets/{dataset.pk}/", p + f"datasets/{dataset.pk}/export.jsonl",
         p + "conversations/export.csv", p + "tools/export.csv", p + f"conversations/{conversation.pk}/tool-calls.csv",
         f"/api/v1/projects/{project.slug}/conversations",
         f"/api/v1/projects/{project.slug}/conversations/{conversation.external_id}",

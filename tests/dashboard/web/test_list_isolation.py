@@ -39,6 +39,11 @@ LISTS = [
     ("api conversations", lambda slug: f"/api/v1/projects/{slug}/conversations"),
     ("api conversations searched", lambda slug: f"/api/v1/projects/{slug}/conversations?q=north"),
     ("api tools", lambda slug: f"/api/v1/projects/{slug}/tools"),
+    ("scores", lambda slug: reverse("web:scores", args=[slug])),
+    ("conversations by score", lambda slug: reverse("web:conversations", args=[slug]) + "?negative=on"),
+    ("traces by score", lambda slug: reverse("web:traces", args=[slug]) + "?negative=on"),
+    ("review queues", lambda slug: reverse("web:review_queues", args=[slug])),
+    ("datasets", lambda slug: reverse("web:datasets", args=[slug])),
 ]
 
 
@@ -63,6 +68,18 @@ def two_projects(member, project, other_project):
     LogRecord.objects.create(project=other_project, trace_id="b" * 32, span_id="1" * 16, record_hash="0" * 32,
                              event_name=f"{MARKER}.event", body=f"{MARKER} log body", service_name=MARKER)
     SavedView.objects.create(project=other_project, owner=member, name=f"{MARKER}-view", query="q=x", shared=True)
+    from dashboard.judging.services import Author, dataset_create, review_queue_create, scores_store
+    from pipeline import ScoreRecord
+
+    for owner, conversation, trace in ((project, "ours-1", "a" * 32), (other_project, f"{MARKER}-conversation-0",
+                                                                        "b" * 32)):
+        name = "our-score" if owner == project else f"{MARKER}-score"
+        scores_store(project=owner, author=Author.of_key(None), scores=[
+            ScoreRecord(name=name, value=False, conversation_id=conversation),
+            ScoreRecord(name=name, value=False, trace_id=trace)])
+    review_queue_create(project=other_project, name=f"{MARKER}-queue", query="", user=member,
+                        conversations=other_project.conversations.all())
+    dataset_create(project=other_project, name=f"{MARKER}-dataset", user=member)
     return project, other_project, (MARKER.encode(), artifact.artifact_id.encode())
 
 

@@ -33,7 +33,7 @@ from pipeline import (
     configure_telemetry,
     parse_record,
 )
-from pipeline.demo.agent import DEFAULT_CONTEXT_WINDOW, DemoAgent
+from pipeline.demo.agent import DEFAULT_CONTEXT_WINDOW, GROUNDED_SCORE, DemoAgent, answer_quotes_tool_figure
 from pipeline.demo.model import Call, ModelTurn, RoundScript, Scenario, ScriptedModel
 from pipeline.demo.scenarios import SCENARIOS
 
@@ -45,6 +45,7 @@ class FakeTransport:
 
     def __init__(self) -> None:
         self.batches: list[list[dict[str, Any]]] = []
+        self.scores: list[dict[str, Any]] = []
         self.artifacts: dict[str, tuple[bytes, dict[str, str]]] = {}
         self._lock = threading.Lock()
 
@@ -54,6 +55,10 @@ class FakeTransport:
                 records = json.loads(body)["records"]
                 self.batches.append(records)
                 return 200, {}, IngestResponse(accepted=len(records)).model_dump_json().encode()
+            if method == "POST" and url.endswith("/api/v1/scores"):
+                scores = json.loads(body)["scores"]
+                self.scores.extend(scores)
+                return 200, {}, json.dumps({"accepted": len(scores), "duplicates": 0, "rejected": []}).encode()
             if method == "PUT" and "/api/v1/artifacts/" in url:
                 self.artifacts[url.rsplit("/", 1)[1]] = (body, dict(headers))
                 return 201, {}, b"{}"
@@ -109,6 +114,39 @@ def test_it_answers_every_round(run: Run) -> None:
     assert all(r.trace_id and r.user_id == "ana" and r.model == "scripted-analyst-1" for r in rounds)
     assert all(r.context_window == DEFAULT_CONTEXT_WINDOW and r.compression_threshold == 0.8 for r in rounds)
     assert all(0 < r.context_tokens <= DEFAULT_CONTEXT_WINDOW and r.input_tokens > 0 for r in rounds)
+
+
+def test_it_scores_each_round_that_ran_a_tool_on_whether_its_answer_quotes_a_figure(run: Run) -> None:
+    rounds = {(r.conversation_id, r.round_id): r for r in run.records if isinstance(r, RoundRecord)}
+    tooled = {(r.conversation_id, r.round_id) for r in run.records if isinstance(r, ToolResultRecord)}
+    scores = {(s["conversation_id"], s["round_id"]): s for s in run.transport.scores}
+    assert len(run.transport.scores) == len(scores) == run.agent.stats.scores
+    assert set(scores) <= set(rounds) and set(scores) >= {key for key in tooled if key in rounds}
+    assert {s["name"] for s in scores.values()} == {GROUNDED_SCORE}
+    for key, score in scores.items():
+        assert score["value"] is answer_quotes_tool_figure(rounds[key].final_answer, _observations(run, key))[0]
+    verdicts = {s["value"] for s in scores.values()}
+    assert verdicts == {True, False}  # the demo shows both
+    share = scores[("conv-revenue_by_region", "conv-revenue_by_region-r1")]
+    assert share["value"] is True and share["comment"].startswith("quotes ")
+
+
+def _observations(run: Run, key: tuple[str, str]) -> list[str]:
+    return [r.result.observation for r in run.records if isinstance(r, ToolResultRecord)
+            and (r.conversation_id, r.round_id) == key and r.result.success]
+
+
+@pytest.mark.parametrize("answer, observations, verdict, why", [
+    ("Revenue was 1,234.5 last year.", ["total 1234.5"], True, "quotes 1234.5, which a tool returned"),
+    ("华东约占35.2%。", ["35.2"], True, "quotes 35.2"),
+    ("Revenue was 999.", ["total 1234.5"], False, "quotes 999, which no tool of the round returned"),
+    ("Same figures as before.", ["total 1234.5"], False, "the answer quotes no figure"),
+    ("It has 3 rows.", ["3 rows"], False, "the answer quotes no figure"),  # one digit is not a figure
+    (None, ["12"], False, "the round has no answer"),
+])
+def test_the_check_finds_a_quoted_figure(answer, observations, verdict, why) -> None:
+    passed, said = answer_quotes_tool_figure(answer, observations)
+    assert passed is verdict and said.startswith(why)
 
 
 def test_it_gives_every_tool_call_a_record_with_three_renderings(run: Run) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import re
 import socket
 import threading
 from pathlib import Path
@@ -73,6 +74,8 @@ def test_it_runs_offline_and_prints_the_summary(tmp_path: Path) -> None:
     assert "Demo agent: 3 conversations" in summary and "offline: nothing sent" in summary
     assert "artifacts          1" in summary  # export_orders is the third scenario
     assert (tmp_path / "sales-7.sqlite3").exists()
+    assert "dataset            3 items in demo-dataset.jsonl: replayed from the file, 3/3 answers as expected" in summary
+    assert len((tmp_path / "demo-dataset.jsonl").read_text().splitlines()) == 3
 
 
 # --- against a stand-in dashboard -------------------------------------------------------------
@@ -148,6 +151,7 @@ def test_it_sends_records_spans_and_artifacts(stand_in: type[StandIn], tmp_path:
     assert "0 rejected, 0 dropped, 0 not delivered" in out and "artifact uploads   1 sent" in out
     assert {"round", "message", "tool_result", "skill_activation"} <= {r["type"] for r in stand_in.posted}
     assert "POST /v1/traces" in stand_in.paths
+    assert "POST /api/v1/scores" in stand_in.paths and re.search(r"scores +[1-9]\d* made, [1-9]\d* sent, 0 not", out)
     assert any(p.startswith("PUT /api/v1/artifacts/artifact_") for p in stand_in.paths)
     assert "GET /api/v1/config" in stand_in.paths
 
