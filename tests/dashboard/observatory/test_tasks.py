@@ -13,7 +13,7 @@ from django.forms.models import model_to_dict
 
 from dashboard.observatory import tasks
 from dashboard.observatory.derive import schedule
-from dashboard.observatory.derive.passes import links, rollups, totals
+from dashboard.observatory.derive.passes import links, rollups
 from dashboard.observatory.histogram import histogram_of
 from dashboard.observatory.models import (
     Artifact,
@@ -345,19 +345,17 @@ def test_it_runs_the_beat_tasks_over_all_projects(project, records):
 def test_it_never_overwrites_rollups_with_those_of_a_pass_that_began_earlier(project, records, monkeypatch):
     """Two drainers recompute one minute; the one that began reading first finishes
     last. Its figures are older than what is stored, so it writes nothing."""
-    from dashboard.observatory.derive.passes import totals
-
     outcome = store(project, [records.tool_result(tool="a")])
     minutes = sorted(m.isoformat() for m in outcome.tool_minutes)
     began = datetime.now(timezone.utc) - timedelta(seconds=5)  # the slow pass began reading here
     store(project, [records.tool_result(tool="a")])
     tasks.tool_rollups_refresh(project.pk, [], minutes)  # the fast pass, begun later, saw both rows
     assert ToolHourlyRollup.objects.get().calls == 2
-    real_now = totals.timezone.now
-    monkeypatch.setattr(totals.timezone, "now", lambda: began)
+    real_now = rollups.database_now
+    monkeypatch.setattr(rollups, "database_now", lambda: began)  # the clock a pass stamps its start by
     ToolExecution.objects.filter(pk=ToolExecution.objects.order_by("-pk")[0].pk).delete()  # what the slow pass read
     tasks.tool_rollups_refresh(project.pk, [], minutes)
-    monkeypatch.setattr(totals.timezone, "now", real_now)
+    monkeypatch.setattr(rollups, "database_now", real_now)
     assert ToolHourlyRollup.objects.get().calls == 2  # the stale figures were not written
 
 
@@ -373,10 +371,10 @@ def test_a_pass_that_found_a_minute_empty_still_wins_over_one_begun_earlier(proj
     tasks.tool_rollups_refresh(project.pk, [], minute)  # the fast pass, begun later: nothing in the minute
     assert not ToolHourlyRollup.objects.exists()
     store(project, [records.tool_result(tool="a", at=at)])  # what the slow pass read
-    real_now = totals.timezone.now
-    monkeypatch.setattr(totals.timezone, "now", lambda: began)
+    real_now = rollups.database_now
+    monkeypatch.setattr(rollups, "database_now", lambda: began)  # the clock a pass stamps its start by
     tasks.tool_rollups_refresh(project.pk, [], minute)
-    monkeypatch.setattr(totals.timezone, "now", real_now)
+    monkeypatch.setattr(rollups, "database_now", real_now)
     assert not ToolHourlyRollup.objects.exists()  # its stale figures were not written
 
 
