@@ -68,6 +68,7 @@ def test_it_scores_a_round_from_the_keyboard_and_a_tool_call_by_mouse(page, live
     page.keyboard.press("Escape")
 
     call = rounds.nth(0).locator("[data-testid=tool-call]").first
+    call.locator("[data-score-more] > summary").click()  # the configs' choices load when opened
     call.locator("[data-score-pick]").select_option(label="verdict: wrong")
     call.locator("[data-score-save]").click()
     expect(call.locator("[data-testid=score].negative")).to_contain_text("wrong")

@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from dashboard.accounts.models import Project
-from dashboard.judging.models import ReviewItem, ReviewQueue, ReviewStatus, ScoreConfig
+from dashboard.judging.models import ReviewItem, ReviewQueue, ReviewStatus
 from dashboard.judging.selectors import queue_progress, scores_of_conversation
 from dashboard.judging.services import (
     ReviewError,
@@ -37,7 +37,7 @@ from ..forms import ConversationFilterForm
 from ..selectors.scores import scores_attach
 from ..services import saved_view_query
 from .conversations import filtered_conversations
-from .scores import may_judge, require_judge, score_picks
+from .scores import may_judge, require_judge, widget_urls
 
 ITEMS_SHOWN = 200
 
@@ -152,7 +152,7 @@ def review_item(request: HttpRequest, project: Project, pk: int, item_pk: int) -
     return render(request, "web/review_item.html", {
         "project": project, "nav_section": "review", "queue": queue, "item": item, "progress": progress,
         "conversation": conversation, "timeline": view, "conversation_scores": conversation_scores,
-        "may_judge": may, "score_picks": score_picks(list(ScoreConfig.objects.filter(project=project))),
+        "may_judge": may, **widget_urls(project),
         "held_by_other": item.claimed_by_id not in (None, request.user.pk) and item.status == ReviewStatus.PENDING
         and item.claimed_until is not None and item.claimed_until > timezone.now(),
     })

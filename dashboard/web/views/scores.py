@@ -194,8 +194,7 @@ def _answer(request: HttpRequest, project: Project, item: Optional[Judged], erro
         return HttpResponse(error or "", status=status, content_type="text/plain")
     if request.htmx:  # type: ignore[attr-defined]
         return render(request, "web/partials/scores.html", widget_context(
-            project, item.target, item.obj.pk, scores_on(item), may=True,
-            picks=score_picks(list(ScoreConfig.objects.filter(project=project))), error=error))
+            project, item.target, item.obj.pk, scores_on(item), may=True, error=error))
     if error:
         messages.error(request, error)
     anchor = {"round": f"#round-{getattr(item.obj, 'index', '')}", "tool_call": f"#exec-{item.obj.pk}"}.get(
@@ -203,10 +202,28 @@ def _answer(request: HttpRequest, project: Project, item: Optional[Judged], erro
     return redirect(reverse("web:conversation", args=[project.slug, item.conversation.pk]) + anchor)
 
 
+def widget_urls(project: Project) -> dict[str, str]:
+    """What every score widget of a page posts to and loads its choices from (reversed once a page)."""
+    return {"score_add_url": reverse("web:score_add", args=[project.slug]),
+            "score_form_url": reverse("web:score_form", args=[project.slug])}
+
+
 def widget_context(project: Project, target: str, pk: int, scores: list[Score], *, may: bool,
-                   picks: list[tuple[str, list[Pick]]], error: Optional[str] = None) -> dict[str, Any]:
+                   error: Optional[str] = None) -> dict[str, Any]:
     return {"project": project, "score_target": target, "score_object": pk, "scores": scores, "may_judge": may,
-            "score_picks": picks, "score_error": error}
+            "score_error": error, **widget_urls(project)}
+
+
+@project_page
+def score_form(request: HttpRequest, project: Project) -> HttpResponse:
+    """The htmx partial: the configs' choices and the name/value fields of one widget."""
+    require_judge(request, project)
+    form = ScoreForm({"target": request.GET.get("target", ""), "object": request.GET.get("object", "")})
+    if form.has_error("target") or form.has_error("object"):
+        return HttpResponse("bad target", status=400, content_type="text/plain")
+    judged(project, form.cleaned_data["target"], form.cleaned_data["object"])  # 404 for another project's
+    return render(request, "web/partials/score_choices.html",
+                  {"score_picks": score_picks(list(ScoreConfig.objects.filter(project=project)))})
 
 
 # --- the summary --------------------------------------------------------------------

@@ -8,14 +8,13 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import get_object_or_404, render
 
 from dashboard.accounts.models import Project
-from dashboard.judging.models import ScoreConfig
 from dashboard.judging.selectors import scores_of_conversation
 from dashboard.observatory import selectors as observatory
 from dashboard.observatory.models import Conversation, Round, ToolExecution
 
 from ..access import project_page
 from ..selectors.scores import scores_attach
-from .scores import may_judge, score_picks
+from .scores import may_judge, widget_urls
 from ..selectors.logs import conversation_messages
 from ..selectors.timeline import EXPORT_SECTIONS, conversation_for, export_rows, token_budget
 from ..selectors.traces import waterfall
@@ -51,7 +50,7 @@ def conversation_timeline(request: HttpRequest, project: Project, pk: int) -> Ht
             **dict(zip(("genai_logs", "genai_logs_more"), conversation_messages(conversation))),
             "conversation_scores": conversation_scores,
             "may_judge": may_judge(request.user, project),
-            "score_picks": score_picks(list(ScoreConfig.objects.filter(project=project))),
+            **widget_urls(project),
         },
     )
 

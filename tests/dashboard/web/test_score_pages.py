@@ -98,9 +98,11 @@ def test_a_label_from_the_config_is_picked_and_a_value_outside_it_is_a_form_erro
     config = ScoreConfig.objects.create(project=project, name="verdict", kind="categorical",
                                         labels=["correct", "wrong"], negative_labels=["wrong"])
     ScoreConfig.objects.create(project=project, name="stars", kind="numeric", min_value=1, max_value=5)
-    body = timeline(client_in, conversation)
-    assert f'value="{config.pk}:1">verdict: wrong</option>' in body and "stars: 5</option>" in body
     round0 = Round.objects.get(conversation=conversation, round_id="conv-1-r0")
+    assert f'?target=round&amp;object={round0.pk}"' in timeline(client_in, conversation)  # loaded when opened
+    choices = client_in.get(reverse("web:score_form", args=[project.slug]), {"target": "round", "object": round0.pk},
+                            HTTP_HX_REQUEST="true").content.decode()
+    assert f'value="{config.pk}:1">verdict: wrong</option>' in choices and "stars: 5</option>" in choices
     add(client_in, project, target="round", object=round0.pk, pick=f"{config.pk}:1")
     assert Score.objects.values_list("name", "label", "negative").get() == ("verdict", "wrong", True)
 
@@ -173,6 +175,21 @@ def test_a_malformed_score_form_is_a_short_400(client_in, project, fields):
 
 def test_scoring_needs_post(client_in, project):
     assert client_in.get(reverse("web:score_add", args=[project.slug])).status_code == 405
+
+
+@pytest.mark.parametrize("params, status", [
+    ({"target": "round", "object": "x"}, 400), ({"target": "span", "object": "1"}, 400), ({}, 400),
+    ({"target": "round", "object": "999999"}, 404),
+])
+def test_the_choices_partial_refuses_what_it_cannot_name(client_in, project, params, status):
+    assert client_in.get(reverse("web:score_form", args=[project.slug]), params).status_code == status
+
+
+def test_the_choices_of_another_projects_round_are_a_404(client_in, project, other_project):
+    full_conversation(other_project, "theirs", rounds=1)
+    theirs = Round.objects.get(project=other_project)
+    response = client_in.get(reverse("web:score_form", args=[project.slug]), {"target": "round", "object": theirs.pk})
+    assert response.status_code == 404
 
 
 # --- shown elsewhere ---------------------------------------------------------------------
