@@ -158,6 +158,7 @@ EMPTY_VALUES = frozenset({"", "unknown", "None", "null"})
 # The keys any rule reads: a span with none of them is not a GenAI span.
 KEYS = frozenset(rule.key for rule in RULES) | frozenset(rule.key for rule in MESSAGE_RULES if rule.shape == PARTS_JSON)
 MESSAGE_PREFIXES = tuple(rule.key + "." for rule in MESSAGE_RULES if rule.shape != PARTS_JSON)
+_MESSAGE_KEYS = tuple(rule.key for rule in MESSAGE_RULES)  # what every key holding messages starts with
 TEXT_LIMIT = 16 * 1024  # a message or tool argument kept from a span, at most
 
 
@@ -395,8 +396,8 @@ def _indexed_messages(attributes: Mapping[str, Any], prefix: str, shape: str) ->
 
 def messages_of(concept: str, attributes: Mapping[str, Any]) -> list[MessageFact]:
     """A span's input or output messages, from the first shape it carries."""
-    if not isinstance(attributes, Mapping):
-        return []
+    if not isinstance(attributes, Mapping) or not any(key.startswith(_MESSAGE_KEYS) for key in attributes):
+        return []  # (one pass over the keys, not one per shape: most spans carry no messages)
     for rule in MESSAGE_RULES:
         if rule.concept != concept:
             continue

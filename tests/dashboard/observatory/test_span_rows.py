@@ -504,3 +504,16 @@ def test_rounds_naming_no_model_are_priced_again_when_the_conversation_model_cha
     totals.conversation_totals_refresh(conversation_ids=[Conversation.objects.get(external_id="conv-n").pk])
     assert (per_round(), figures()) == incremental
     assert figures()[3] != first[3]
+
+
+def test_derived_rows_keep_the_record_ids_rows_stored_before_have():
+    """A derived row's id is uuid5 of its span and what it is: rows stored by any
+    earlier version must meet the same id, or a second pass would insert them again."""
+    import uuid
+
+    from dashboard.observatory.derive.passes.span_rows import NAMESPACE, record_id
+
+    for project, trace, span, what in [(1, "a" * 32, "b" * 16, "round"), (42, "0af7651916cd43dd8448eb211c80319c",
+                                                                        "b7ad6b7169203331", "in3"), (7, "", "", "tool"),
+                                       (3, "ü-trace", "span/1", "out12")]:
+        assert record_id(project, trace, span, what) == uuid.uuid5(NAMESPACE, f"{project}/{trace}/{span}/{what}")

@@ -23,6 +23,7 @@ with them describes, call ids already held) is limited to what those name.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import uuid
@@ -46,6 +47,7 @@ from ..batch import Batch, Pass, received_window
 from ..notes import note_write
 
 NAMESPACE = uuid.UUID("6f1d1c2e-5b0a-4c1e-9d3c-7a7f0e6b5a10")
+_NAMESPACE_BYTES = NAMESPACE.bytes
 CHUNK = 500
 MESSAGES_PER_ROUND = 1000  # a derived message's index is round index x this + its position
 ERROR = 2
@@ -53,7 +55,10 @@ _ID_MAX = 200
 
 
 def record_id(project_id: int, trace_id: str, span_id: str, what: str) -> uuid.UUID:
-    return uuid.uuid5(NAMESPACE, f"{project_id}/{trace_id}/{span_id}/{what}")
+    """uuid5(NAMESPACE, "project/trace/span/what"), without uuid5's checks (a tenth of
+    reading a span in the pass): the same ids as every row stored before."""
+    digest = hashlib.sha1(_NAMESPACE_BYTES + f"{project_id}/{trace_id}/{span_id}/{what}".encode()).digest()
+    return uuid.UUID(bytes=digest[:16], version=5)
 
 
 def span_rows_derive(
