@@ -13,11 +13,20 @@ totals, rollups) and timed; then the same conversations are derived again (nothi
 new: what a later batch of a long conversation pays for the old spans). Printed:
 spans, rows derived, seconds and spans/s of the first drain, the second pass's
 seconds, and the growth of this process's peak RSS.
+
+``--phases``: where the first drain's CPU goes, in µs a span: each pass of the fixed
+order (derive.passes.PASSES and the registered ones), and the span-row pass's own
+steps (reading candidates, conventions, inserting, numbering, …), each step's time
+without the steps it calls. CPU time of this process, so the figures hold on a busy
+machine where wall times do not; py-spy (bench_burst --profile) shows the same
+shares, cProfile does not (its per-call cost inflated small functions fourfold).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import json
 import resource
 import shutil
@@ -60,10 +69,79 @@ def agent_run(n: int, start_ns: int) -> list[dict]:
     return spans
 
 
+# The span-row pass's steps, timed by --phases (module attributes of derive.passes.span_rows,
+# and of the modules it reads through).
+SPAN_ROW_STEPS = ("_candidate_chunks", "_records_win", "_rounds_from", "_tools_from", "_renumber", "_calls_by_round",
+                  "_assign_rounds", "_used_calls", "_user_from_naming_spans", "span_facts", "record_id",
+                  "insert_ignoring_conflicts", "update_rows")
+
+
+class Phases:
+    """CPU time by named step, each step's own (what the timed steps it calls took is
+    theirs). Generators are timed per item."""
+
+    def __init__(self) -> None:
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self._inner: list[float] = []
+
+    def _charge(self, name: str, began: float) -> None:
+        spent = time.process_time() - began
+        self.seconds[name] += spent - self._inner.pop()
+        if self._inner:
+            self._inner[-1] += spent
+
+    def wrap(self, name: str, function):
+        @functools.wraps(function)
+        def timed(*args, **kwargs):
+            began = time.process_time()
+            self._inner.append(0.0)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._charge(name, began)
+        return timed
+
+    def wrap_generator(self, name: str, function):
+        @functools.wraps(function)
+        def timed(*args, **kwargs):
+            items = function(*args, **kwargs)
+            while True:
+                began = time.process_time()
+                self._inner.append(0.0)
+                try:
+                    item = next(items)
+                except StopIteration:
+                    return
+                finally:
+                    self._charge(name, began)
+                yield item
+        return timed
+
+
+def phases_install(phases: Phases) -> None:
+    import dataclasses
+    import inspect
+
+    from dashboard.observatory import conventions, rows
+    from dashboard.observatory.derive import drain
+    from dashboard.observatory.derive.passes import span_rows
+
+    for name in SPAN_ROW_STEPS:
+        function = getattr(span_rows, name)
+        wrap = phases.wrap_generator if inspect.isgeneratorfunction(function) else phases.wrap
+        setattr(span_rows, name, wrap(f"span_rows.{name}", function))
+    conventions.messages_of = phases.wrap("span_rows.messages_of", conventions.messages_of)
+    rows.insert_values_ignoring_conflicts = phases.wrap("span_rows.insert (the SQL)", rows.insert_values_ignoring_conflicts)
+    ordered = drain.PASSES + drain.registered_passes()
+    timed = tuple(dataclasses.replace(each, run=phases.wrap(f"pass {each.name}", each.run)) for each in ordered)
+    drain.PASSES, drain.registered_passes = timed, lambda: ()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--conversations", type=int, default=300)
     parser.add_argument("--database-url", default="")
+    parser.add_argument("--phases", action="store_true", help="where the first drain's CPU goes, µs a span")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-span-rows-"))
     try:
@@ -87,10 +165,14 @@ def main(argv: list[str] | None = None) -> None:
             body = json.dumps({"resourceSpans": [{"resource": {"attributes": []},
                                                   "scopeSpans": [{"spans": spans[offset:offset + 512]}]}]})
             spans_store(project=project, spans=decode_json(body.encode()).spans)
+        phases = Phases()
+        if args.phases:
+            phases_install(phases)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         outbox_drain_all(passes=10_000)
-        first = time.perf_counter() - began
+        first, cpu = time.perf_counter() - began, time.process_time() - cpu
+        spent = collections.Counter(phases.seconds)  # the first drain's (the pass below adds to phases)
         rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         ids = list(Conversation.objects.filter(project=project).values_list("id", flat=True))
         began = time.perf_counter()
@@ -104,6 +186,12 @@ def main(argv: list[str] | None = None) -> None:
               f"{len(spans) / first:,.0f} spans/s, {len(ids) / first:,.0f} conversations/s")
         print(f"second derivation pass, nothing new: {again:.2f} s ({again / len(ids) * 1000:.2f} ms a conversation)")
         print(f"peak RSS growth during the drain: {(rss_after - rss_before) / 1024:.1f} MiB")
+        if args.phases:
+            print(f"first drain's CPU: {cpu * 1e6 / len(spans):.0f} µs a span; by step (own time, µs a span):")
+            for name, seconds in spent.most_common():
+                print(f"  {name:40s} {seconds * 1e6 / len(spans):7.1f}")
+            rest = cpu - sum(spent.values())
+            print(f"  {'(the drainer, outside the passes)':40s} {rest * 1e6 / len(spans):7.1f}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
