@@ -23,7 +23,7 @@ import pytest
 from benchmarks.bench_ingest import manage
 
 from .interop import running_stack
-from .test_chunked_live import spans_body
+from .test_chunked_live import drip, spans_body
 from .test_otlp_logs import make_logs
 
 MAX_BODY = 1024 * 1024
@@ -113,18 +113,7 @@ def test_an_artifact_dripped_a_byte_at_a_time_gets_408_within_the_deadline(stack
     with socket.create_connection(("127.0.0.1", stack.web.port), timeout=30) as sock:
         sock.sendall(put_head(stack, artifact_id, length=len(data), sha=hashlib.sha256(data).hexdigest()))
         started = time.monotonic()
-        sock.settimeout(0.5)
-        answer = b""
-        for byte in data:
-            try:
-                sock.sendall(bytes([byte]))
-                answer = sock.recv(65536)
-                if answer:
-                    break
-            except TimeoutError:
-                continue
-            except OSError:
-                break
+        answer = drip(sock, data)
         assert status_of(answer).startswith(b"HTTP/1.1 408"), answer[:200]
         assert time.monotonic() - started < READ_TIMEOUT + 5
     assert artifacts_stored(stack, artifact_id) == 0
