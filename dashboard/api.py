@@ -64,7 +64,7 @@ def _error(status: int, message: str, retry_after: int | None = None) -> HttpRes
 def _on_ingest_error(request: HttpRequest, exc: IngestError) -> HttpResponse:
     if isinstance(exc, DatabaseBroken):  # reported here if from outside an ingest gate (the key's read)
         database_broken_report(exc, _batch(request))
-    return error_response(exc)
+    return error_response(exc, request=request)
 
 
 @api.exception_handler(ValidationError)

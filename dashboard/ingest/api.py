@@ -32,6 +32,7 @@ from dashboard.tuning.services import config_body_and_etag, effective_config
 from pipeline import IngestResponse, Record, RecordSchemaError, parse_record
 
 from .common import (
+    BodyReader,
     IngestBatch,
     GunzipReader,
     IngestError,
@@ -215,23 +216,17 @@ def put_artifact(request: HttpRequest, artifact_id: str) -> Status:
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip", "x-gzip"):
         raise IngestError(415, "unsupported Content-Encoding (use gzip or identity)")
-    declared = request.headers.get("Content-Length")
-    if not declared:
+    if not request.headers.get("Content-Length"):
         raise IngestError(411, "Content-Length required")
-    try:
-        length = int(declared)
-    except ValueError:
-        raise IngestError(400, "invalid Content-Length") from None
     max_bytes = settings.OBSERVATORY_MAX_ARTIFACT_BYTES
-    if length < 0 or length > max_bytes:
-        raise IngestError(413 if length > 0 else 400, f"artifact larger than {max_bytes} bytes")
+    body = BodyReader(request, max_bytes=max_bytes)  # a cut body stores nothing; a slow one is a 408
     content_type = request.headers.get("Content-Type", "").strip() or "application/octet-stream"
     if not CONTENT_TYPE_PATTERN.match(content_type):
         raise IngestError(400, "invalid Content-Type")
     # The hash and the size limit apply to the artifact itself, after any gzip.
-    stream = GunzipReader(request) if encoding in ("gzip", "x-gzip") else request
+    stream = GunzipReader(body) if encoding in ("gzip", "x-gzip") else body
     with ingest_gate(IngestBatch(IngestTransport.ARTIFACTS, project_id=project.pk, items=1, item_name="artifact",
-                           nbytes=length)):
+                           nbytes=body.length)), body:
         outcome = artifact_store(
             project=project, artifact_id=artifact_id, stream=stream, sha256=sha256,
             content_type=content_type, max_bytes=max_bytes,

@@ -280,46 +280,16 @@ def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -
     Content-Length is checked before anything is read; at most max_bytes + 1 bytes
     are read; gzip is inflated with a bounded output so a small bomb cannot expand
     past max_decoded_bytes. A body sent with ``Transfer-Encoding: chunked`` (no
-    length: the OpenTelemetry JS exporters) is read to its end from the server's
-    input stream, which decodes the chunks, under the same limit. A body that ends
-    before its declared length is a 400: never a half batch stored and answered 200.
-    The whole read is bounded by OBSERVATORY_BODY_READ_TIMEOUT (``_BodyDeadline``),
-    so a sender that stalls mid-body gets 408 instead of holding a worker thread.
+    length: the OpenTelemetry JS exporters) is read to its end under the same
+    limit. The read is a ``BodyReader``: a body that ends before its declared
+    length is a 400 (never a half batch stored and answered 200), and the whole
+    read is bounded by OBSERVATORY_BODY_READ_TIMEOUT, so a sender that stalls
+    mid-body gets 408 instead of holding a worker thread.
     """
-    declared = request.headers.get("Content-Length")
-    length = None
-    if declared:
-        try:
-            length = int(declared)
-        except ValueError:
-            raise IngestError(400, "invalid Content-Length") from None
-        if length < 0:
-            raise IngestError(400, "invalid Content-Length")
-        if length > max_bytes:
-            raise IngestError(413, f"body larger than {max_bytes} bytes")
-    chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
-    if length is None and chunked:
-        # Django reads CONTENT_LENGTH 0 when there is none: its request stream is
-        # empty. The WSGI input of gunicorn (and of every server that accepts
-        # chunked requests) gives the decoded chunks up to the last one. (Under
-        # ASGI there is no wsgi.input and Django's stream already holds it all.)
-        stream = request.META.get("wsgi.input", request)
-    else:
-        stream = request
-    with _BodyDeadline(request) as deadline:
-        try:
-            raw = _read_up_to(stream, max_bytes + 1)
-        except IngestError:
-            if deadline.expired:
-                raise IngestError(408, "the body did not arrive in time") from None
-            raise
-    if deadline.expired:
-        raise IngestError(408, "the body did not arrive in time")
+    with BodyReader(request, max_bytes=max_bytes) as body:
+        raw = _read_up_to(body, max_bytes + 1)
     if len(raw) > max_bytes:
         raise IngestError(413, f"body larger than {max_bytes} bytes")
-    if length is not None and len(raw) < length:
-        raise IngestError(400, f"body ended after {len(raw)} of its {length} bytes")
-
     return decode_content(raw, request.headers.get("Content-Encoding", ""), max_decoded_bytes=max_decoded_bytes)
 
 
@@ -338,6 +308,106 @@ def decode_content(raw: bytes, encoding: str, *, max_decoded_bytes: int) -> byte
     raise IngestError(415, "unsupported Content-Encoding (use gzip or identity)")
 
 
+def declared_length(request: HttpRequest, *, max_bytes: int) -> int | None:
+    """The request's Content-Length (None when it has none: a chunked body), refused
+    when malformed (400) or past ``max_bytes`` (413) before a byte is read."""
+    declared = request.headers.get("Content-Length")
+    if not declared:
+        return None
+    try:
+        length = int(declared)
+    except ValueError:
+        raise IngestError(400, "invalid Content-Length") from None
+    if length < 0:
+        raise IngestError(400, "invalid Content-Length")
+    if length > max_bytes:
+        raise IngestError(413, f"body larger than {max_bytes} bytes")
+    return length
+
+
+class BodyReader:
+    """The request body as sent (before any Content-Encoding), a file-like reader for
+    every ingest path, whether it reads the body whole (``read_body``) or streams it
+    (artifacts), used as a context manager around the reading.
+
+    - Content-Length is checked when it is made (``declared_length``). A body sent
+      with ``Transfer-Encoding: chunked`` is read from the server's input stream,
+      which decodes the chunks: Django reads CONTENT_LENGTH 0 when there is none,
+      so its own stream is empty (under ASGI there is no wsgi.input and Django's
+      stream holds it all).
+    - The whole read is bounded by OBSERVATORY_BODY_READ_TIMEOUT (``_BodyDeadline``),
+      from the first read to the end of the body, not per read.
+    - Its end is checked where it is met, so nothing of a cut body is stored: the
+      read that finds the end raises 400 when fewer bytes came than declared, 408
+      when the deadline ended it (a read that fails after the deadline is a 408 too).
+    """
+
+    def __init__(self, request: HttpRequest, *, max_bytes: int) -> None:
+        self.length = declared_length(request, max_bytes=max_bytes)
+        chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+        self._stream = request.META.get("wsgi.input", request) if self.length is None and chunked else request
+        self._deadline = _BodyDeadline(request)
+        self.size = 0
+        self._request = request
+
+    def __enter__(self) -> "BodyReader":
+        self._request.ingest_body_read = True  # type: ignore[attr-defined]  # see ``body_discard``
+        self._deadline.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._deadline.__exit__()
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = _READ_STEP
+        try:
+            part = self._stream.read(n)
+        except TimeoutError:
+            raise IngestError(408, "the body did not arrive in time") from None
+        except Exception as exc:
+            if self._deadline.expired:  # the watchdog shut the socket under the read
+                raise IngestError(408, "the body did not arrive in time") from None
+            if isinstance(exc, OSError):  # gunicorn's chunk parser and socket errors
+                raise IngestError(400, f"unreadable body: {str(exc)[:100] or type(exc).__name__}") from None
+            if type(exc).__module__.startswith("gunicorn."):  # gunicorn.http.errors.*: not OSError
+                raise IngestError(400, f"invalid chunked body: {type(exc).__name__}") from None
+            raise
+        self.size += len(part)
+        if not part and n > 0:
+            self._ended()
+        return part
+
+    def _ended(self) -> None:
+        self._deadline.__exit__()  # read to its end: what follows (storing, answering) is not bounded
+        if self._deadline.expired:
+            raise IngestError(408, "the body did not arrive in time")
+        if self.length is not None and self.size < self.length:
+            raise IngestError(400, f"body ended after {self.size} of its {self.length} bytes")
+
+
+def body_discard(request: HttpRequest) -> bool:
+    """Read what a request refused before its body was read still sends, and drop it,
+    as ``BodyReader`` reads (at most OBSERVATORY_MAX_BODY_BYTES, under the body
+    deadline); whether it was read to its end.
+
+    A refusal the sender is told to retry (429, 503: Retry-After) comes back on the
+    same keep-alive connection. gunicorn discards an unread body itself only up to
+    64 KiB and otherwise closes the connection after the answer without saying so
+    (it drops a ``Connection: close`` set by the application), which the exporter
+    sees as a transport error on its next request: so the body is read first."""
+    if getattr(request, "ingest_body_read", False):
+        return True
+    try:
+        with BodyReader(request, max_bytes=settings.OBSERVATORY_MAX_BODY_BYTES) as body:
+            limit = settings.OBSERVATORY_MAX_BODY_BYTES + 1
+            while body.size < limit and body.read(min(_READ_STEP, limit - body.size)):
+                pass
+            return body.size < limit
+    except IngestError:
+        return False
+
+
 _READ_STEP = 64 * 1024
 
 
@@ -346,21 +416,12 @@ def _read_up_to(stream: Any, limit: int) -> bytes:
     than asked (a chunk, a socket's worth), so loop until it returns nothing."""
     parts = []
     size = 0
-    try:
-        while size < limit:
-            part = stream.read(min(_READ_STEP, limit - size))
-            if not part:
-                break
-            parts.append(part)
-            size += len(part)
-    except TimeoutError:
-        raise IngestError(408, "the body did not arrive in time") from None
-    except OSError as exc:  # gunicorn's chunk parser and socket errors
-        raise IngestError(400, f"unreadable body: {str(exc)[:100] or type(exc).__name__}") from None
-    except Exception as exc:  # gunicorn.http.errors.* (invalid chunk size, ...) are not OSError
-        if type(exc).__module__.startswith("gunicorn."):
-            raise IngestError(400, f"invalid chunked body: {type(exc).__name__}") from None
-        raise
+    while size < limit:
+        part = stream.read(min(_READ_STEP, limit - size))
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
     return b"".join(parts)
 
 
@@ -592,10 +653,15 @@ def _clean_strings(value: Any) -> Any:
 # --- answers ----------------------------------------------------------------------
 
 def error_response(
-    exc: IngestError, *, content_type: str = "application/json", body: bytes | None = None
+    exc: IngestError, *, content_type: str = "application/json", body: bytes | None = None,
+    request: HttpRequest | None = None,
 ) -> HttpResponse:
     """A short error answer: ``{"error": "..."}`` unless the caller brings an encoded
-    body of its own (OTLP answers a protobuf Status), with Retry-After when set."""
+    body of its own (OTLP answers a protobuf Status), with Retry-After when set.
+    Given the ``request``, a refusal to retry (Retry-After) made before the body was
+    read reads it first (``body_discard``), so the connection carries the retry."""
+    if request is not None and exc.retry_after is not None:
+        body_discard(request)
     if body is None:
         body = json.dumps({"error": exc.message}).encode()
         content_type = "application/json"

@@ -56,6 +56,6 @@ def _export(request: HttpRequest, signal: str) -> HttpResponse:
         )
     except IngestError as exc:
         return error_response(
-            exc, content_type=content_type, body=encode_status(exc.status, exc.message, content_type)
+            exc, content_type=content_type, body=encode_status(exc.status, exc.message, content_type), request=request
         )
     return HttpResponse(outcome.response(content_type), content_type=content_type)

@@ -76,6 +76,13 @@ def test_it_refuses_an_artifact_over_the_size_limit(client, auth, settings, _tes
     assert Artifact.objects.count() == 0 and files_in(_test_settings) == []
 
 
+@pytest.mark.parametrize("length, status", [("abc", 400), ("-1", 400), ("1e3", 400), ("", 411)])
+def test_it_refuses_a_malformed_or_missing_content_length(client, auth, length, status, _test_settings):
+    response = put(client, auth, CONTENT_LENGTH=length)
+    assert response.status_code == status and "error" in response.json()
+    assert Artifact.objects.count() == 0 and files_in(_test_settings) == []
+
+
 def test_it_stops_reading_a_body_longer_than_the_limit_it_declared(auth, project, _test_settings):
     """A client that lies about Content-Length: the stream is cut at the limit and
     the partial file removed."""

@@ -69,6 +69,23 @@ def raw(stack, head: str, payload: bytes, *, close_write: bool = True) -> tuple[
         return answer.split(b"\r\n", 1)[0], time.monotonic() - started
 
 
+def drip(sock: socket.socket, body: bytes, *, every: float = 0.6) -> bytes:
+    """Send ``body`` a byte at a time, one every ``every`` seconds; the answer that
+    comes meanwhile (b"" if none came before the last byte or the server closed)."""
+    sock.settimeout(every)
+    for byte in body:
+        try:
+            sock.sendall(bytes([byte]))
+            answer = sock.recv(65536)
+            if answer:
+                return answer
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+    return b""
+
+
 def test_it_reads_a_chunked_protobuf_body_completely(stack):
     trace = "a1" * 16
     assert post_chunked(stack, "/v1/traces", spans_body(trace, 40)) == 200
@@ -142,18 +159,7 @@ def test_it_bounds_a_slow_drip_by_the_whole_read(stack):
         sock.sendall((f"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\n"
                       f"Authorization: Bearer {stack.key}\r\nContent-Length: {len(body)}\r\n\r\n").encode())
         started = time.monotonic()
-        sock.settimeout(0.6)
-        answer = b""
-        for byte in body:
-            try:
-                sock.sendall(bytes([byte]))
-                answer = sock.recv(65536)
-                if answer:
-                    break
-            except TimeoutError:
-                continue
-            except OSError:
-                break
+        answer = drip(sock, body)
         assert answer.startswith(b"HTTP/1.1 408")
         assert time.monotonic() - started < READ_TIMEOUT + 5
     assert stored(stack, trace) == 0

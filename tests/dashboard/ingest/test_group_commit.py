@@ -4,6 +4,7 @@ none is answered before its commit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -198,6 +199,48 @@ def test_a_write_returns_only_after_its_transaction_committed(project):
     seen = _in_thread(lambda: _names(project))  # another connection sees it
     seen[0].join(10)
     assert seen[1]["result"] == {"a"}
+
+
+def test_a_second_writer_of_a_group_is_answered_only_after_the_leader_s_commit(project, monkeypatch):
+    """The leader runs the second writer's write in its transaction; the second
+    writer must not return (its request be answered 200) before that transaction
+    committed: marking it done inside the transaction would acknowledge a batch a
+    failed commit then loses. The commit is held a moment (as a slow fsync would);
+    the second writer's return must still come after it, and find its row stored."""
+    committer = GroupCommit()
+    events: list[str] = []
+    answered = threading.Event()
+    real = group_commit.ingest_transaction
+
+    @contextlib.contextmanager
+    def slow_commit():
+        first = not events
+        with real():
+            if first:  # the leader's transaction: let the second writer queue, to join it
+                events.append("began")
+                _until(lambda: len(committer._queue) == 2, "the second writer to queue")
+            yield
+            if first:  # the writes ran; hold the commit, giving an early answer time to show
+                answered.wait(1.0)
+        if first:
+            events.append("committed")
+
+    monkeypatch.setattr(group_commit, "ingest_transaction", slow_commit)
+
+    def second() -> bool:
+        committer.run(_conversation(project, "b"))
+        events.append("b answered")
+        answered.set()
+        return Conversation.objects.filter(external_id="b").exists()  # on its own connection
+
+    leader = _in_thread(lambda: committer.run(_conversation(project, "a")))
+    _until(lambda: events == ["began"], "the leader's transaction to begin")
+    follower = _in_thread(second)
+    for thread, _ in (leader, follower):
+        thread.join(10)
+    assert committer.groups == 1  # one group: the leader and the second writer
+    assert events == ["began", "committed", "b answered"]
+    assert follower[1]["result"] is True and _names(project) == {"a", "b"}
 
 
 def test_inside_a_transaction_a_write_runs_in_it_alone(project):

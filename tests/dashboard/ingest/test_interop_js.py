@@ -5,8 +5,8 @@ receiver (``manage.py otlp_http``). They send
 ``Transfer-Encoding: chunked`` bodies: every span must be stored exactly once.
 
 The packages are installed by deploy/test.sh (``npm ci`` into a cache folder named
-by OBSERVATORY_JS_MODULES, default .cache/interop-js/node_modules); without node
-these tests are skipped, saying so.
+by OBSERVATORY_JS_MODULES, default .cache/interop-js/node_modules); without node,
+or without the packages there, these tests are skipped, saying so.
 """
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ NODE = shutil.which("node")
 
 pytestmark = [
     pytest.mark.skipif(NODE is None, reason="node is not installed: the JS exporter interop tests need it"),
+    pytest.mark.skipif(
+        not (MODULES / "@opentelemetry" / "exporter-trace-otlp-proto").is_dir(),
+        reason="the JS exporters are not installed in OBSERVATORY_JS_MODULES "
+        "(default .cache/interop-js/node_modules): deploy/test.sh installs them (npm ci)",
+    ),
 ]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    if not (MODULES / "@opentelemetry" / "exporter-trace-otlp-proto").is_dir():
-        pytest.fail(f"the JS exporters are not installed in {MODULES}: run deploy/test.sh (npm ci) first")
     with running_stack(tmp_path_factory.mktemp("interop-js")) as running:
         yield running
 

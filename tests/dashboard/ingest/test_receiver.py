@@ -248,6 +248,42 @@ def test_a_database_error_is_a_503_with_retry_after_and_stores_nothing_fake_data
     assert not Span.objects.exists()
 
 
+def test_a_429_for_the_backlog_keeps_the_keep_alive_connection(served, key, settings, monkeypatch):
+    """The receiver reads a request whole before it stores it, so a batch refused
+    because the derivations are behind (``derivations_keep_up``) leaves the
+    connection clean: the next request on it is answered too, on the same socket."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from dashboard.accounts.models import Project
+    from dashboard.ingest import common
+    from dashboard.observatory.models import DerivationNote
+
+    settings.OBSERVATORY_DERIVE_BACKLOG_SECONDS = 10
+    monkeypatch.setattr(common, "BACKLOG_READ_EVERY", 0.0)
+    now = timezone.now()
+    DerivationNote.objects.create(project=Project.objects.get(), available_at=now - timedelta(hours=1),
+                                  claimed_until=now + timedelta(hours=1))  # an hour behind, a drainer at work
+    body = ExportTraceServiceRequest.FromString(spans_request(1))
+    body.resource_spans[0].scope_spans[0].spans[0].name = "x" * 300_000  # more than one read of the socket
+    client = http.client.HTTPConnection("127.0.0.1", served.port, timeout=15)
+    try:
+        seen = []
+        for _ in range(2):
+            client.request("POST", "/v1/traces", body=body.SerializeToString(),
+                           headers={"Content-Type": PROTOBUF, "Authorization": f"Bearer {key}"})
+            response = client.getresponse()
+            response.read()
+            seen.append((response.status, response.getheader("Retry-After"), response.getheader("Connection"),
+                         client.sock.getsockname() if client.sock else None))
+    finally:
+        client.close()
+    assert [(status, retry_after, said) for status, retry_after, said, _ in seen] == [(429, "2", None)] * 2
+    assert seen[0][3] is not None and seen[0][3] == seen[1][3]  # one connection carried both
+    assert not Span.objects.exists()
+
+
 def test_a_really_busy_database_is_a_503_with_retry_after(served, key, monkeypatch, caplog):
     with busy_database(monkeypatch, "observatory_span"):
         status, headers, body = post(served.port, spans_request(2), key)

@@ -77,6 +77,22 @@ def test_it_rolls_usage_up_per_hour_and_model_equal_to_the_conversations(project
     assert sum(r.input_tokens for r in rows.values()) == sum(c.input_tokens for c in conversations)
 
 
+def test_a_conversation_started_exactly_on_the_hour_counts_in_that_hour_only(project, prices):
+    """An hour is [start, start + 1 h): a conversation that starts at 10:00:00.000 is
+    10:00's, never also 09:00's (the rollups would count it twice, and the overview's
+    figures would exceed the conversations)."""
+    store(project, [round_record("on-the-hour", 0, at=HOUR),
+                    round_record("half-past", 0, at=HOUR - timedelta(minutes=30))])
+    earlier = UsageHourlyRollup.objects.get(project=project, hour=HOUR - timedelta(hours=1))
+    on_the_hour = UsageHourlyRollup.objects.get(project=project, hour=HOUR)
+    conversations = {c.external_id: c for c in Conversation.objects.filter(project=project)}
+    assert conversations["on-the-hour"].started_at == HOUR
+    assert (earlier.conversations, on_the_hour.conversations) == (1, 1)
+    assert earlier.input_tokens == conversations["half-past"].input_tokens
+    assert on_the_hour.cost_pico_usd == conversations["on-the-hour"].cost_pico_usd
+    assert sum(r.conversations for r in UsageHourlyRollup.objects.filter(project=project)) == len(conversations)
+
+
 def test_it_moves_a_conversation_between_hours_when_an_earlier_record_arrives(project, prices):
     store(project, [round_record("f", 1, at=HOUR)])
     assert UsageHourlyRollup.objects.filter(project=project, hour=HOUR).exists()
