@@ -41,7 +41,7 @@ from dashboard.observatory import conventions
 from dashboard.observatory.conventions import CHAT, EXECUTE_TOOL, MessageFact, span_facts
 from dashboard.observatory.models import Conversation, Message, Round, Source, Span, ToolExecution, minute_of
 from dashboard.observatory.paging import keyset_pages
-from dashboard.observatory.rows import insert_ignoring_conflicts, update_rows
+from dashboard.observatory.rows import insert_ignoring_conflicts, update_rows, values_joined
 
 from ..batch import Batch, Pass, received_window
 from ..notes import note_write
@@ -362,14 +362,13 @@ def _renumber(conversation_ids: list[int], since: datetime | None = None) -> Non
     if moved:
         # their messages, through message_conversation_index from the first moved round's
         # (new rounds were stored at 0) to the last's: not the conversations' history
-        in_ranges = Q()
-        for conversation_id, (low, high) in spans.items():
-            in_ranges |= Q(conversation_id=conversation_id, index__gte=low * MESSAGES_PER_ROUND,
-                           index__lt=(high + 1) * MESSAGES_PER_ROUND)
         changed_messages = []
-        for pk, conversation_id, old_index, round_id in Message.objects.filter(
-            in_ranges, source=Source.SPAN, round_id__in={r for _, r in moved}
-        ).values_list("id", "conversation_id", "index", "round_id"):
+        for pk, conversation_id, old_index, round_id in values_joined(
+            Message, [(pk, low * MESSAGES_PER_ROUND, (high + 1) * MESSAGES_PER_ROUND)
+                      for pk, (low, high) in sorted(spans.items())],
+            on=[("conversation_id", "="), ("index", ">="), ("index", "<")],
+            select='t.id, t.conversation_id, t."index", t.round_id', where="t.source = %s", params=[Source.SPAN],
+        ):
             index = moved.get((conversation_id, round_id))
             if index is not None:
                 changed_messages.append(SimpleNamespace(
@@ -404,20 +403,18 @@ def _calls_by_round(project_id: int, conversation_ids: list[int], traces: set[st
         first[conversation_id] = min(index, first.get(conversation_id, index))
         round_ids.add((conversation_id, round_id))
     by_call: dict[tuple[int, str], tuple[str, str, dict[str, Any]]] = {}
-    starts = sorted(first.items())
-    for start in range(0, len(starts), CHUNK):
-        since = Q()
-        for conversation_id, index in starts[start:start + CHUNK]:
-            since |= Q(conversation_id=conversation_id, index__gte=index * MESSAGES_PER_ROUND)
-        for conversation_id, round_id, tool_calls in Message.objects.filter(
-            since, source=Source.SPAN, role="assistant"
-        ).exclude(tool_calls=[]).values_list("conversation_id", "round_id", "tool_calls"):
-            if (conversation_id, round_id) not in round_ids:
-                continue
-            for call in tool_calls if isinstance(tool_calls, list) else []:
-                if isinstance(call, dict) and call.get("id"):
-                    by_call.setdefault((conversation_id, call["id"]),
-                                       (round_id, call.get("name", ""), call.get("args") or {}))
+    for conversation_id, round_id, tool_calls in values_joined(
+        Message, [(pk, index * MESSAGES_PER_ROUND) for pk, index in sorted(first.items())],
+        on=[("conversation_id", "="), ("index", ">=")], select="t.conversation_id, t.round_id, t.tool_calls",
+        where="t.source = %s AND t.role = %s AND t.tool_calls <> '[]'", params=[Source.SPAN, "assistant"],
+    ):
+        if (conversation_id, round_id) not in round_ids:
+            continue
+        tool_calls = json.loads(tool_calls) if isinstance(tool_calls, (str, bytes)) else tool_calls
+        for call in tool_calls if isinstance(tool_calls, list) else []:
+            if isinstance(call, dict) and call.get("id"):
+                by_call.setdefault((conversation_id, call["id"]),
+                                   (round_id, call.get("name", ""), call.get("args") or {}))
     return {"by_call": by_call, "by_trace": rounds_by_trace}
 
 
