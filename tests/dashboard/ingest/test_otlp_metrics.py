@@ -39,7 +39,7 @@ def _attributes(target, values: dict) -> None:
 
 
 def token_usage(points: list[tuple[int, int, float, str]], *, temporality: int = CUMULATIVE, start: int = START,
-                model: str = "gpt-4o-mini") -> ExportMetricsServiceRequest:
+                model: str = "gpt-4o-mini", response_suffix: str = "-2024") -> ExportMetricsServiceRequest:
     """gen_ai.client.token.usage as the openai-v2 instrumentation sends it: a
     histogram per token type. ``points``: (time, count, sum, token type)."""
     request = ExportMetricsServiceRequest()
@@ -57,7 +57,7 @@ def token_usage(points: list[tuple[int, int, float, str]], *, temporality: int =
         point.explicit_bounds.extend([1, 4, 16])
         point.bucket_counts.extend([0, 0, 0, count])
         _attributes(point.attributes, {"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
-                                       "gen_ai.response.model": model + "-2024", "gen_ai.token.type": token_type})
+                                       "gen_ai.response.model": model + response_suffix, "gen_ai.token.type": token_type})
     return request
 
 
@@ -284,3 +284,14 @@ def test_it_answers_500_naming_nothing_when_the_database_is_broken(client, auth,
     (report,) = broken_reports(caplog)
     assert f"project {project.pk}" in report.getMessage()
     assert faults(IngestTransport.OTLP_HTTP, project) == 1
+
+
+def test_retention_purges_old_hours_and_forgotten_series(client, auth, project):
+    from datetime import timedelta
+
+    from dashboard.observatory.services import retention_purge
+
+    assert post(client, auth, tool_calls([(START + MINUTE, 10)])).status_code == 200
+    MetricSeries.objects.update(seen_at=HOUR)
+    retention_purge(project=project, now=HOUR + timedelta(days=400))
+    assert not MetricHour.objects.exists() and not MetricSeries.objects.exists()
