@@ -34,7 +34,7 @@ from django.db.models import F
 from django.utils import timezone as dj_timezone
 
 from dashboard.accounts.models import Project
-from dashboard.metrics.models import MetricHour, MetricSeries, OtherMetric
+from dashboard.metrics.models import NAME_LENGTH, MetricHour, MetricSeries, OtherMetric
 from dashboard.observatory.models import hour_of
 
 from .group_commit import Pending, pending_store
@@ -89,7 +89,7 @@ def _metrics_write(project_id: int, points: Sequence[MetricPoint], others: Count
         series = known.get(point.series)
         if series is None:
             if room <= 0:
-                others[f"{point.name} (past {MAX_SERIES} series)"] += 1
+                others[f"{point.name[:NAME_LENGTH - 24]} (past {MAX_SERIES} series)"] += 1
                 continue
             room -= 1
             series = known[point.series] = created[point.series] = MetricSeries(

@@ -295,3 +295,24 @@ def test_retention_purges_old_hours_and_forgotten_series(client, auth, project):
     MetricSeries.objects.update(seen_at=HOUR)
     retention_purge(project=project, now=HOUR + timedelta(days=400))
     assert not MetricHour.objects.exists() and not MetricSeries.objects.exists()
+
+
+def test_series_past_the_limit_are_counted_as_other_metrics(client, auth, project, monkeypatch):
+    from dashboard.ingest import metrics as store
+
+    monkeypatch.setattr(store, "MAX_SERIES", 1)
+    assert post(client, auth, tool_calls([(START + MINUTE, 3)], tool="a")).status_code == 200
+    assert post(client, auth, tool_calls([(START + MINUTE, 5)], tool="b")).status_code == 200
+    assert hours(project) == {(HOUR, "ba.tool.calls", "", "a", ""): (3.0, 0)}
+    assert dict(OtherMetric.objects.filter(project=project).values_list("name", "points")) == {
+        "ba.tool.calls (past 1 series)": 1}
+
+
+def test_names_past_the_limit_are_counted_under_one_name(client, auth, project, monkeypatch):
+    from dashboard.ingest import metrics as store
+
+    monkeypatch.setattr(store, "MAX_OTHER_NAMES", 2)
+    for name in ("one", "two", "three", "x" * 5000):
+        assert post(client, auth, other_metric(name, points=1)).status_code == 200
+    counted = dict(OtherMetric.objects.filter(project=project).values_list("name", "points"))
+    assert counted == {"one": 1, "two": 1, "(other names)": 2}

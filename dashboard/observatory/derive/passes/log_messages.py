@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from typing import Any, Iterable
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from dashboard.observatory import conventions
 from dashboard.observatory.conventions import MESSAGE_EVENTS, MessageFact, event_messages
@@ -52,7 +52,10 @@ def log_messages_derive(*, project_id: int, conversation_ids: Iterable[int], sin
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start:start + CHUNK]
         events = LogRecord.objects.filter(conversation_id__in=chunk, event_name__in=_EVENTS).exclude(span_id="")
-        rounds = Round.objects.filter(conversation_id__in=chunk, source=Source.SPAN).exclude(span_id="")
+        # the rounds whose span has message events (logrecord_unique): most spans have none
+        rounds = Round.objects.filter(conversation_id__in=chunk, source=Source.SPAN).exclude(span_id="").filter(
+            Exists(LogRecord.objects.filter(project_id=OuterRef("project_id"), trace_id=OuterRef("trace_id"),
+                                            span_id=OuterRef("span_id"), event_name__in=_EVENTS)))
         if received is not None:
             events, rounds = events.filter(**received), rounds.filter(**received)
         keys |= set(events.values_list("trace_id", "span_id"))
@@ -60,7 +63,10 @@ def log_messages_derive(*, project_id: int, conversation_ids: Iterable[int], sin
     traces = sorted({trace for trace in trace_ids if trace})
     for start in range(0, len(traces), CHUNK):
         keys |= set(Round.objects.filter(project_id=project_id, trace_id__in=traces[start:start + CHUNK],
-                                         source=Source.SPAN, conversation_id__in=ids).values_list("trace_id", "span_id"))
+                                         source=Source.SPAN, conversation_id__in=ids).filter(
+            Exists(LogRecord.objects.filter(project_id=project_id, trace_id=OuterRef("trace_id"),
+                                            span_id=OuterRef("span_id"), event_name__in=_EVENTS)))
+            .values_list("trace_id", "span_id"))
     ordered = sorted(keys)
     written = 0
     for start in range(0, len(ordered), CHUNK):
