@@ -188,3 +188,14 @@ def test_the_table_reads_the_previous_event_shapes():
     _, outputs = event_messages("gen_ai.choice", {"index": 0, "finish_reason": "stop", "message": {"content": "hi"}}, {})
     assert (outputs[0].role, outputs[0].content) == ("assistant", "hi")
     assert event_messages("gen_ai.evaluation.result", {"content": "x"}, {}) == ([], [])
+
+
+def test_a_batch_without_message_events_costs_two_queries(client, project_key, django_assert_num_queries):
+    project, auth = project_key
+    post_spans(client, auth)
+    outbox_drain_all()
+    conversation = Conversation.objects.get(project=project, external_id="events-1")
+    round_ = Round.objects.get(conversation=conversation)
+    with django_assert_num_queries(2):  # the events the window brought, the rounds whose span has events
+        assert log_messages_derive(project_id=project.pk, conversation_ids=[conversation.pk],
+                                   since=round_.received_at, until=round_.received_at) == 0

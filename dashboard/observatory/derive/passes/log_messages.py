@@ -51,7 +51,10 @@ def log_messages_derive(*, project_id: int, conversation_ids: Iterable[int], sin
     keys: set[tuple[str, str]] = set()
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start:start + CHUNK]
-        events = LogRecord.objects.filter(conversation_id__in=chunk, event_name__in=_EVENTS).exclude(span_id="")
+        # (the project too: with a window, logrecord_project_received finds what it brought,
+        # not a long conversation's history of events)
+        events = LogRecord.objects.filter(project_id=project_id, conversation_id__in=chunk,
+                                          event_name__in=_EVENTS).exclude(span_id="")
         # the rounds whose span has message events (logrecord_unique): most spans have none
         rounds = Round.objects.filter(conversation_id__in=chunk, source=Source.SPAN).exclude(span_id="").filter(
             Exists(LogRecord.objects.filter(project_id=OuterRef("project_id"), trace_id=OuterRef("trace_id"),
