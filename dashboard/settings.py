@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "dashboard.tuning",
     "dashboard.web",
     "dashboard.judging",
+    "dashboard.metrics",
 ]
 
 MIDDLEWARE = [

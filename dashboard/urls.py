@@ -1,5 +1,5 @@
 """URL routes: the admin, login, the one NinjaAPI (/api/v1/..., docs at /api/docs),
-and OTLP ingest at /v1/traces and /v1/logs (the paths OTLP/HTTP exporters post to)."""
+and OTLP ingest at /v1/traces, /v1/logs and /v1/metrics (the paths OTLP/HTTP exporters post to)."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
@@ -18,5 +18,6 @@ urlpatterns = [
     path("api/", api.urls),
     path("v1/traces", otlp_views.export_traces, name="otlp_traces"),
     path("v1/logs", otlp_views.export_logs, name="otlp_logs"),
+    path("v1/metrics", otlp_views.export_metrics, name="otlp_metrics"),
     path("", include("dashboard.web.urls")),  # the pages (dashboard/web)
 ]

@@ -180,7 +180,7 @@ Pipeline Observatory is filled with the demo agent's conversations.
   Open        $base/
   Log in as   $user / $password
   API key     $api_key   (shown once; for your own agents: --api-key or OTEL_EXPORTER_OTLP_HEADERS)
-  OTLP        $base/v1/traces, $base/v1/logs (http/protobuf, http/json); grpc://127.0.0.1:$grpc_port;
+  OTLP        $base/v1/traces, $base/v1/logs, $base/v1/metrics (http/protobuf, http/json); grpc://127.0.0.1:$grpc_port;
               many small batches: http://127.0.0.1:$otlp_http_port/v1/traces (the OTLP/HTTP receiver)
 EOF
 if [ "$agent_status" -ne 0 ]; then

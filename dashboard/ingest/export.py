@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 from django.db import DatabaseError
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from dashboard.observatory.models import IngestTransport
@@ -35,12 +36,17 @@ from .common import (
 )
 from .group_commit import Pending, pending_store, pending_store_all
 from .logs import logs_prepare
+from .metrics import metrics_prepare
 from .otlp import JSON, OtlpDecodeError, OtlpTooManySpans, decode_request
 from .otlp_logs import OtlpTooManyLogs, decode_logs_request
+from .otlp_metrics import OtlpTooManyPoints, decode_metrics_request
 from .spans import spans_prepare
 
 TRACES = "traces"
 LOGS = "logs"
+METRICS = "metrics"
+# The partial_success field counting rejected items, per signal (JSON name).
+_REJECTED_KEYS = {TRACES: "rejectedSpans", LOGS: "rejectedLogRecords", METRICS: "rejectedDataPoints"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +67,14 @@ class ExportOutcome:
             response: Any = ExportTraceServiceResponse()
             if self.rejected:
                 response.partial_success.rejected_spans = self.rejected
-        else:
+        elif self.signal == LOGS:
             response = ExportLogsServiceResponse()
             if self.rejected:
                 response.partial_success.rejected_log_records = self.rejected
+        else:
+            response = ExportMetricsServiceResponse()
+            if self.rejected:
+                response.partial_success.rejected_data_points = self.rejected
         if self.rejected:
             response.partial_success.error_message = self.error_message
         return response.SerializeToString()
@@ -72,7 +82,7 @@ class ExportOutcome:
     def response_json(self) -> bytes:
         if not self.rejected:
             return b"{}"
-        key = "rejectedSpans" if self.signal == TRACES else "rejectedLogRecords"
+        key = _REJECTED_KEYS[self.signal]
         return json.dumps(
             {"partialSuccess": {key: str(self.rejected), "errorMessage": self.error_message}}
         ).encode()
@@ -197,6 +207,11 @@ def _prepare(request: ExportRequest, batch: IngestBatch,
         pending = logs_prepare(project=project, logs=decoded.logs)
         pending = evaluations_attach(pending, project=project, key_id=key_id, scores=log_evaluations(decoded.logs))
         return _Prepared(LOGS, len(decoded.logs), decoded.rejected, decoded.error_message, pending, batch)
+    if request.signal == METRICS:
+        decoded = _decoded(decode_metrics_request, body, request.content_type, OtlpTooManyPoints)
+        batch.items, batch.item_name = decoded.accepted, "data points"
+        pending = metrics_prepare(project=project, metrics=decoded)
+        return _Prepared(METRICS, decoded.accepted, decoded.rejected, decoded.error_message, pending, batch)
     raise ValueError(f"unknown signal {request.signal!r}")
 
 

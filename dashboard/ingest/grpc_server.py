@@ -1,4 +1,4 @@
-"""OTLP/gRPC: ``TraceService/Export`` and ``LogsService/Export`` on their own port.
+"""OTLP/gRPC: ``TraceService/Export``, ``LogsService/Export`` and ``MetricsService/Export`` on their own port.
 
 Run by ``manage.py otlp_grpc`` in a process of its own (4317 on the loopback
 interface by default). The services are the official opentelemetry-proto ones
@@ -34,18 +34,20 @@ from django.db import close_old_connections
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from dashboard.observatory.models import IngestTransport
 
 from .common import IngestError, memory_reserve
-from .export import LOGS, TRACES, otlp_export
+from .export import LOGS, METRICS, TRACES, otlp_export
 from .otlp import PROTOBUF
 
 logger = logging.getLogger(__name__)
 
 TRACE_SERVICE = trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"].full_name
 LOGS_SERVICE = logs_service_pb2.DESCRIPTOR.services_by_name["LogsService"].full_name
+METRICS_SERVICE = metrics_service_pb2.DESCRIPTOR.services_by_name["MetricsService"].full_name
 
 _CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -123,6 +125,7 @@ def grpc_server_build(*, port: int, host: str = "127.0.0.1", threads: int | None
         handlers=[
             grpc.method_handlers_generic_handler(TRACE_SERVICE, {"Export": _handler(TRACES)}),
             grpc.method_handlers_generic_handler(LOGS_SERVICE, {"Export": _handler(LOGS)}),
+            grpc.method_handlers_generic_handler(METRICS_SERVICE, {"Export": _handler(METRICS)}),
         ],
         maximum_concurrent_rpcs=max_concurrent_rpcs or settings.OBSERVATORY_GRPC_MAX_CONCURRENT_RPCS,
         options=[

@@ -25,7 +25,8 @@ from typing import Any, Sequence
 from django.utils import timezone as dj_timezone
 
 from dashboard.accounts.models import Project
-from dashboard.observatory.conventions import text_of
+from dashboard.observatory.conventions import MESSAGE_EVENTS, text_of
+from dashboard.observatory.derive.notes import derivations_enqueue
 from dashboard.observatory.models import LogRecord, Span
 from dashboard.observatory.rows import conversations_get_or_create, insert_ignoring_conflicts
 
@@ -106,6 +107,12 @@ def _logs_write(project: Project, logs: Sequence[LogRow], keys: Sequence[str], r
         row["conversation_id"] = conversation
         linked += conversation is not None
     inserted = insert_ignoring_conflicts(LogRecord, rows)
+    # Message events (conventions.EVENT_RULES) of a conversation: its rounds take their
+    # messages (derive.passes.log_messages), whichever of the span and the events came first.
+    with_messages = {row["conversation_id"] for row in rows
+                     if row["conversation_id"] is not None and row["event_name"] in MESSAGE_EVENTS and row["span_id"]}
+    if with_messages:
+        derivations_enqueue(project_id=project.pk, conversation_ids=with_messages, rows_from=rows[0]["received_at"])
     return StoredLogs(inserted, len(rows) - inserted, linked)
 
 

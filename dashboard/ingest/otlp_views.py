@@ -1,4 +1,4 @@
-"""``POST /v1/traces`` and ``POST /v1/logs``: OTLP/HTTP span and log ingest.
+"""``POST /v1/traces``, ``/v1/logs`` and ``/v1/metrics``: OTLP/HTTP span, log and metric ingest.
 
 Thin on purpose: check the method and the content type, then hand the
 Authorization header and a bounded body reader to ``otlp_export`` (the store path
@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from .common import IngestError, error_response, read_body
-from .export import LOGS, TRACES, otlp_export
+from .export import LOGS, METRICS, TRACES, otlp_export
 from .otlp import CONTENT_TYPES, encode_status
 
 
@@ -29,6 +29,11 @@ def export_traces(request: HttpRequest) -> HttpResponse:
 @csrf_exempt
 def export_logs(request: HttpRequest) -> HttpResponse:
     return _export(request, LOGS)
+
+
+@csrf_exempt
+def export_metrics(request: HttpRequest) -> HttpResponse:
+    return _export(request, METRICS)
 
 
 def _export(request: HttpRequest, signal: str) -> HttpResponse:

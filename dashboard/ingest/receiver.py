@@ -1,6 +1,6 @@
 """OTLP/HTTP on a port of its own (4318, as collectors listen): ``manage.py otlp_http``.
 
-The dashboard's own ``/v1/traces`` and ``/v1/logs`` serve any deployment; this
+The dashboard's own ``/v1/traces``, ``/v1/logs`` and ``/v1/metrics`` serve any deployment; this
 receiver is for fleets of small batches. Under gunicorn a 10-span request cost
 about 2 ms of CPU, little of it in storing: the HTTP server, Django's request
 cycle and the hand-offs between a request's threads (gunicorn's loop, its worker
@@ -77,13 +77,13 @@ from django.db import close_old_connections, connections
 from dashboard.observatory.derive.runner import background_stop
 
 from .common import BUSY_RETRY_AFTER, IngestError, decode_content
-from .export import LOGS, TRACES, ExportOutcome, ExportRequest, otlp_export_all
+from .export import LOGS, METRICS, TRACES, ExportOutcome, ExportRequest, otlp_export_all
 from .group_commit import MAX_GROUP, fitting
 from .otlp import CONTENT_TYPES, encode_status
 
 logger = logging.getLogger(__name__)
 
-PATHS = {b"/v1/traces": TRACES, b"/v1/logs": LOGS}
+PATHS = {b"/v1/traces": TRACES, b"/v1/logs": LOGS, b"/v1/metrics": METRICS}
 MAX_URL = 8190
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 64 * 1024
@@ -190,7 +190,7 @@ class Connection(asyncio.Protocol):
         path = bytes(request.url).partition(b"?")[0]
         request.signal = PATHS.get(path)
         if request.signal is None:
-            raise _Refused(404, "not found; OTLP/HTTP is POST /v1/traces or /v1/logs")
+            raise _Refused(404, "not found; OTLP/HTTP is POST /v1/traces, /v1/logs or /v1/metrics")
         if self.parser.get_method() != b"POST":
             raise _Refused(405, "use POST")
         request.content_type = request.header(b"content-type").partition(";")[0].strip().lower()

@@ -10,6 +10,10 @@ and the pipeline's own ``ba.*`` attributes. Messages come in three shapes
 ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*`` keys, and OpenInference's
 ``llm.input_messages.N.message.*``.
 
+Messages sent as log events tied to the span (``EVENT_RULES``: the GenAI events,
+e.g. openai-v2's ``gen_ai.user.message`` / ``gen_ai.choice`` or the current
+``gen_ai.client.inference.operation.details``) are read by ``event_messages``.
+
 A new convention is a row here, nothing else: ingest (dashboard.ingest.spans), the
 linking and the derivation of rounds, messages and tool executions from spans
 (observatory.derive.passes.span_rows) all read spans through ``span_facts``. docs/conventions.md
@@ -411,6 +415,92 @@ def messages_of(concept: str, attributes: Mapping[str, Any]) -> list[MessageFact
             if messages:
                 return messages
     return []
+
+
+# --- messages sent as log events ---------------------------------------------------------
+#
+# Some instrumentations send the messages of a model call as log records (events) tied to
+# its span instead of span attributes (opentelemetry-instrumentation-openai-v2 with content
+# capture in EVENT_ONLY mode, the GenAI semantic conventions' events): one event per message
+# in the previous conventions, one event with the whole input and output in the current one.
+# The rows below say which event holds which messages in which shape; the span-row passes
+# read them with ``event_messages`` and put them on the round of the event's span, as
+# ``messages_of`` does with a span's attributes (docs/conventions.md).
+
+EVENT_BODY = "event body {role, content, tool_calls, id}"
+CHOICE_BODY = "choice body {index, finish_reason, message: {role, content, tool_calls}}"
+
+
+@dataclass(frozen=True)
+class EventRule:
+    event: str  # the event (log record) name
+    convention: str
+    concept: str  # input_messages / output_messages
+    role: str  # the role the event gives its message ("": the message says)
+    shape: str  # EVENT_BODY, CHOICE_BODY, or PARTS_JSON in attribute ``key``
+    key: str = ""
+
+
+_DETAILS = "gen_ai.client.inference.operation.details"
+
+EVENT_RULES: tuple[EventRule, ...] = (
+    EventRule(_DETAILS, GENAI, "input_messages", "", PARTS_JSON, "gen_ai.input.messages"),
+    EventRule(_DETAILS, GENAI, "output_messages", "", PARTS_JSON, "gen_ai.output.messages"),
+    EventRule("gen_ai.system.message", GENAI_PREVIOUS, "input_messages", "system", EVENT_BODY),
+    EventRule("gen_ai.user.message", GENAI_PREVIOUS, "input_messages", "user", EVENT_BODY),
+    EventRule("gen_ai.assistant.message", GENAI_PREVIOUS, "input_messages", "assistant", EVENT_BODY),
+    EventRule("gen_ai.tool.message", GENAI_PREVIOUS, "input_messages", "tool", EVENT_BODY),
+    EventRule("gen_ai.choice", GENAI_PREVIOUS, "output_messages", "assistant", CHOICE_BODY),
+)
+MESSAGE_EVENTS = frozenset(rule.event for rule in EVENT_RULES)
+
+
+def _event_tool_calls(value: Any) -> list[ToolCallFact]:
+    """[{"id", "type": "function", "function": {"name", "arguments"}}] (or name/arguments flat)."""
+    calls = []
+    for item in value if isinstance(value, list) else []:
+        if not isinstance(item, Mapping):
+            continue
+        function = item.get("function") if isinstance(item.get("function"), Mapping) else item
+        calls.append(ToolCallFact(_text(item.get("id")), _text(function.get("name")),
+                                  _json_or_text(function.get("arguments"))))
+    return calls
+
+
+def _body_message(body: Any, role: str) -> MessageFact:
+    if not isinstance(body, Mapping):
+        # a body that is the text itself (or nothing: content capture off)
+        return MessageFact(role=role, content=_clip(body) if body is not None else "")
+    message = MessageFact(role=_role(body.get("role")) or role, name=_text(body.get("name"))[:200])
+    if body.get("content") is not None:
+        message.content = _clip(body.get("content"))
+    message.tool_calls = _event_tool_calls(body.get("tool_calls"))
+    if message.role == "tool":
+        message.tool_call_id = _text(body.get("id") or body.get("tool_call_id"))
+    return message
+
+
+def event_messages(event_name: str, body: Any, attributes: Any) -> tuple[list[MessageFact], list[MessageFact]]:
+    """The (input, output) messages one log event carries, by ``EVENT_RULES``; two
+    empty lists for an event the table does not name."""
+    inputs: list[MessageFact] = []
+    outputs: list[MessageFact] = []
+    attributes = attributes if isinstance(attributes, Mapping) else {}
+    for rule in EVENT_RULES:
+        if rule.event != event_name:
+            continue
+        found = inputs if rule.concept == "input_messages" else outputs
+        if rule.shape == PARTS_JSON:
+            raw = attributes.get(rule.key)
+            if raw in (None, "") and isinstance(body, Mapping):
+                raw = body.get(rule.key)
+            found.extend(_parts_messages(raw) if raw not in (None, "") else [])
+        elif rule.shape == CHOICE_BODY:
+            message = body.get("message") if isinstance(body, Mapping) else None
+            found.append(_body_message(message if isinstance(message, Mapping) else {}, rule.role))
+        else:
+            found.append(_body_message(body, rule.role))
+    return inputs, outputs
 
 
 # --- the ingest's fast read -----------------------------------------------------------

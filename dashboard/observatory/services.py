@@ -21,6 +21,7 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
+from dashboard.metrics.models import MetricHour, MetricSeries
 from dashboard.tuning.models import RetentionPolicy
 from pipeline import (
     CompressionRecord,
@@ -401,6 +402,10 @@ def retention_purge(*, project: Project, now: datetime | None = None) -> PurgeOu
     ConversationMinute.objects.filter(  # the tool rows they counted are gone: the next totals' pass sums the rest
         conversation__project=project, minute__lt=record_cutoff - timedelta(minutes=1)).delete()
     UsageHourlyRollup.objects.filter(project=project, hour__lt=record_cutoff - timedelta(hours=1)).delete()  # [costs]
+    # OTLP metrics' hours live as long as the records; a series not heard of for as long is
+    # forgotten (its next cumulative point then counts whole: a process that long silent restarted)
+    MetricHour.objects.filter(project=project, hour__lt=record_cutoff - timedelta(hours=1)).delete()
+    MetricSeries.objects.filter(project=project, seen_at__lt=record_cutoff).delete()
     _, deleted_by_model = Conversation.objects.filter(
         project=project, last_activity_at__lt=record_cutoff
     ).delete()

@@ -143,7 +143,26 @@
     ]);
   }
 
-  var KINDS = { "token-budget": tokenBudget, histogram: histogram, activity: activity, usage: usage };
+  // Overview: tokens per model and bucket as the app's metrics report them (stacked
+  // bars), beside the tokens of the conversations the spans and records give (a line).
+  var MODEL_COLORS = ["#5b8def", "#1f7a3a", "#a15c00", "#7a3ab4", "#0f8a8a", "#b42318", "#5c6675"];
+  function metricTokens(data) {
+    var reported = data.metric_tokens || { models: [], tokens: {} };
+    var datasets = reported.models.map(function (model, i) {
+      var color = MODEL_COLORS[i % MODEL_COLORS.length];
+      return { label: (model || "(no model)") + " (metrics)", data: reported.tokens[model], backgroundColor: color,
+               stack: "metrics" };
+    });
+    datasets.push({ label: "tokens of conversations started (spans and records)", data: data.tokens, type: "line",
+                    borderColor: COLORS.window, backgroundColor: COLORS.window });
+    var chart = barsAndLines(data, "tokens (metrics)", "tokens (conversations)", datasets);
+    chart.options.scales.x = { stacked: true };
+    chart.options.scales.y.stacked = true;
+    return chart;
+  }
+
+  var KINDS = { "token-budget": tokenBudget, histogram: histogram, activity: activity, usage: usage,
+                "metric-tokens": metricTokens };
   // Other scripts add chart kinds here (judging.js: score series), before the page loads.
   window.observatoryCharts = { kinds: KINDS, barsAndLines: barsAndLines, colors: COLORS };
 

@@ -80,6 +80,8 @@ def test_it_fills_the_dashboard_and_reuses_it_on_a_second_run(tmp_path: Path) ->
     assert _count(db, "SELECT COUNT(*) FROM observatory_toolexecution") > 0
     assert _count(db, "SELECT COUNT(*) FROM observatory_span") > 0
     assert _count(db, "SELECT COUNT(*) FROM observatory_artifact") == 1  # the third scenario exports
+    # the agent's OTLP metrics were taken (they were answered 404 before): its tool calls per tool
+    assert _count(db, "SELECT COUNT(*) FROM metrics_metrichour WHERE name = 'ba.tool.calls'") > 0
 
     second = _demo(tmp_path, port, 1, "--no-serve")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]

@@ -20,7 +20,7 @@ from dashboard.observatory.services import retention_purge
 
 from .batch import Batch
 from .drain import drain_exclusive, passes_run
-from .passes import links, rollups, span_rows, totals
+from .passes import links, log_messages, rollups, span_rows, totals
 
 
 def rollup_recent_hours(hours_back: int = 3, slice_minutes_back: int = 70) -> int:
@@ -58,7 +58,7 @@ def links_sweep(project_id: int, *, step: Callable[[], ContextManager[Any]] | No
         batch = Batch(project_id=project_id, conversation_ids=set(counts["conversation_ids"]),
                       linked_traces=set(counts["trace_ids"]))
         with step():
-            passes_run(batch, (span_rows.PASS, totals.PASS, rollups.PASS))
+            passes_run(batch, (span_rows.PASS, log_messages.PASS, totals.PASS, rollups.PASS))
     with step():
         counts["log_records"] = links.log_records_link(
             project_id=project_id, since=timezone.now() - links.SWEEP_LOOKBACK)

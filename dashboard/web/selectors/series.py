@@ -17,6 +17,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
+from dashboard.metrics.selectors import metric_series
 from dashboard.observatory import histogram
 from dashboard.observatory.models import ToolHourlyRollup, UsageHourlyRollup
 from dashboard.observatory.selectors import LEVELS, cursor_rows, histogram_bucket_sums
@@ -117,6 +118,8 @@ def time_series(
                 cost[i] += pico
                 priced[i] += priced_conversations
         series.update(conversations=conversations, tokens=tokens, cost_usd=_usd(cost, priced))
+        # what the app's own metrics (OTLP gen_ai.client.token.usage) say, per model, beside them
+        series["metric_tokens"] = metric_series(project, edges=edges, until=until, index=index)
     return series
 
 

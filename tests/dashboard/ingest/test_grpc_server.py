@@ -22,7 +22,7 @@ from dashboard.accounts.models import Project
 from dashboard.accounts.services import apikey_create, project_create
 from dashboard.ingest import common
 from dashboard.ingest.common import IngestError
-from dashboard.ingest.grpc_server import LOGS_SERVICE, TRACE_SERVICE, grpc_server_build, status_of
+from dashboard.ingest.grpc_server import LOGS_SERVICE, METRICS_SERVICE, TRACE_SERVICE, grpc_server_build, status_of
 from dashboard.observatory.models import IngestTransport, LogRecord, Span
 
 from .database_faults import broken_reports, broken_table, busy_database, faults, names_nothing_internal
@@ -31,6 +31,7 @@ from .test_otlp_logs import make_logs
 pytestmark = pytest.mark.django_db(transaction=True)
 TRACES = f"/{TRACE_SERVICE}/Export"
 LOGS = f"/{LOGS_SERVICE}/Export"
+METRICS = f"/{METRICS_SERVICE}/Export"
 START = 1_700_000_000_000_000_000
 
 
@@ -111,6 +112,22 @@ def test_it_stores_logs(server, key):
     assert LogRecord.objects.count() == 4
 
 
+def test_it_stores_metrics_and_refuses_them_malformed_or_without_a_key(server, key):
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+
+    from dashboard.metrics.models import MetricHour
+
+    from .test_otlp_metrics import MINUTE, START as METRIC_START, tool_calls
+
+    body = tool_calls([(METRIC_START + MINUTE, 6)]).SerializeToString()
+    assert refusal(port=server, method=METRICS, body=body, key=None).code() == grpc.StatusCode.UNAUTHENTICATED
+    assert refusal(port=server, method=METRICS, body=b"\x0a\xff\xff", key=key).code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not MetricHour.objects.exists()
+    answer = ExportMetricsServiceResponse.FromString(call(server, METRICS, body, key))
+    assert answer == ExportMetricsServiceResponse()
+    assert MetricHour.objects.get(name="ba.tool.calls").value == 6.0
+
+
 @pytest.mark.parametrize("header", [None, "po_0123456789abcdef_" + "x" * 43])
 def test_it_refuses_a_wrong_or_missing_key(server, header):
     error = refusal(server, TRACES, spans_request(1), header)
@@ -127,7 +144,7 @@ def test_it_refuses_malformed_protobuf(server, key, body, method):
     assert not Span.objects.exists() and not LogRecord.objects.exists()
 
 
-@pytest.mark.parametrize("method", [f"/{TRACE_SERVICE}/Nope", "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+@pytest.mark.parametrize("method", [f"/{TRACE_SERVICE}/Nope", f"/{METRICS_SERVICE}/Nope",
                                     "/no.such.Service/Export"])
 def test_it_answers_unimplemented_for_unknown_services_and_methods(server, key, method):
     assert refusal(server, method, spans_request(1), key).code() == grpc.StatusCode.UNIMPLEMENTED

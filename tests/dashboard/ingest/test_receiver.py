@@ -25,6 +25,7 @@ import pytest
 from django.db import OperationalError, connection
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -175,6 +176,19 @@ def test_it_stores_logs_json_and_gzip(served, key):
                                  headers={"Content-Encoding": "gzip"})
     assert (status, headers["content-type"], body) == (200, "application/json", b"{}")
     assert LogRecord.objects.count() == 4 and Span.objects.count() == 2
+
+
+def test_it_stores_metrics_and_refuses_a_wrong_key_for_them(served, key):
+    from dashboard.metrics.models import MetricHour
+
+    from .test_otlp_metrics import MINUTE, START, tool_calls
+
+    body = gzip.compress(tool_calls([(START + MINUTE, 5)]).SerializeToString())
+    assert post(served.port, body, None, path="/v1/metrics", headers={"Content-Encoding": "gzip"})[0] == 401
+    assert not MetricHour.objects.exists()
+    status, _, answer = post(served.port, body, key, path="/v1/metrics", headers={"Content-Encoding": "gzip"})
+    assert status == 200 and ExportMetricsServiceResponse.FromString(answer) == ExportMetricsServiceResponse()
+    assert MetricHour.objects.get(name="ba.tool.calls").value == 5.0
 
 
 def test_it_takes_a_chunked_body(served, key):
@@ -335,7 +349,7 @@ def _receiver_project():
 
 @pytest.mark.parametrize("data, status", [
     (b"GET /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n", 405),
-    (b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 404),
+    (b"POST /v1/profiles HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 404),
     (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nhi", 415),
     (b"this is not HTTP at all\r\n\r\n", 400),
     (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400),

@@ -157,6 +157,8 @@ def test_it_has_one_row_per_key_and_documents_every_row():
         text = doc.read()
     for rule in conventions.RULES + conventions.MESSAGE_RULES:
         assert f"`{rule.key}`" in text, rule.key
+    for event in conventions.EVENT_RULES:
+        assert f"| `{event.event}` |" in text and (not event.key or f"`{event.key}`" in text), event.event
 
 
 def test_it_answers_fast_for_spans_no_convention_describes():

@@ -285,6 +285,34 @@ def _tool_calls(message: MessageFact) -> list[dict[str, Any]]:
             for call in message.tool_calls]
 
 
+def round_texts(inputs: list[MessageFact], outputs: list[MessageFact]) -> tuple[dict[str, Any],
+                                                                                list[tuple[str, MessageFact]]]:
+    """What a model call's input and output messages give its round (user message,
+    thoughts, final answer) and the messages it adds, in order: the new turn ("in"),
+    then the outputs ("out"), at most MESSAGES_PER_ROUND. Shared by the messages a span
+    carries and those its log events carry (passes.log_messages)."""
+    turn = _new_turn(inputs)
+    answer = next((m for m in outputs if m.role in ("assistant", "")), None)
+    calls = answer is not None and bool(answer.tool_calls)
+    texts = dict(
+        user_message=next((m.content for m in reversed(turn) if m.role == "user" and m.content), ""),
+        thoughts=[answer.content] if calls and answer.content else [],
+        final_answer=answer.content if answer is not None and not calls and answer.content else None,
+    )
+    return texts, ([("in", m) for m in turn] + [("out", m) for m in outputs])[:MESSAGES_PER_ROUND]
+
+
+def message_row(common: dict[str, Any], trace_id: str, span_id: str, round_id: str, position: int, direction: str,
+                message: MessageFact, what: str = "") -> dict[str, Any]:
+    """A derived Message row (``common``: project, conversation, occurred/received, source);
+    ``what`` sets its record id apart from the span's own messages'."""
+    return dict(
+        **common, record_id=record_id(common["project_id"], trace_id, span_id, f"{what}{direction}{position}"),
+        round_id=round_id, index=position, role=message.role or "assistant", content=message.content,
+        name=message.name, tool_calls=_tool_calls(message), tool_call_id=message.tool_call_id[:_ID_MAX],
+    )
+
+
 def _rounds_from(project_id: int, spans: list[Any]) -> set[int]:
     """Rounds and messages of these model-call spans (_SpanRow); returns their conversations."""
     rounds, messages, conversations = [], [], set()
@@ -292,12 +320,8 @@ def _rounds_from(project_id: int, spans: list[Any]) -> set[int]:
         conversation_id = span.conversation_id
         conversations.add(conversation_id)
         facts = span_facts(span.attributes, span.resource, span.events)
-        inputs = conventions.messages_of("input_messages", span.attributes)
-        outputs = conventions.messages_of("output_messages", span.attributes)
-        turn = _new_turn(inputs)
-        user_message = next((m.content for m in reversed(turn) if m.role == "user" and m.content), "")
-        answer = next((m for m in outputs if m.role in ("assistant", "")), None)
-        calls = answer is not None and bool(answer.tool_calls)
+        texts, ordered = round_texts(conventions.messages_of("input_messages", span.attributes),
+                                     conventions.messages_of("output_messages", span.attributes))
         round_id = _round_id(span.span_id)
         # received when its span was: the totals pass finds what a batch brought by that
         common = dict(project_id=project_id, conversation_id=conversation_id, occurred_at=span.start_time,
@@ -306,24 +330,14 @@ def _rounds_from(project_id: int, spans: list[Any]) -> set[int]:
         rounds.append(dict(
             **common, record_id=record_id(project_id, span.trace_id, span.span_id, "round"),
             round_id=round_id, index=0, trace_id=span.trace_id, span_id=span.span_id,
-            model=facts.model[:_ID_MAX], user_id=facts.user[:_ID_MAX], user_message=user_message,
-            thoughts=[answer.content] if calls and answer.content else [],
-            final_answer=answer.content if answer is not None and not calls and answer.content else None,
+            model=facts.model[:_ID_MAX], user_id=facts.user[:_ID_MAX], **texts,
             status="error" if _failed(span, facts) else "ok",
             context_tokens=context, derived_context_tokens=context, context_window=facts.context_window,
             input_tokens=facts.input_tokens or 0, output_tokens=facts.output_tokens or 0,
             started_at=span.start_time, ended_at=span.end_time,
         ))
-        for position, (direction, message) in enumerate(
-            [("in", m) for m in turn] + [("out", m) for m in outputs]
-        ):
-            if position >= MESSAGES_PER_ROUND:
-                break
-            messages.append(dict(
-                **common, record_id=record_id(project_id, span.trace_id, span.span_id, f"{direction}{position}"),
-                round_id=round_id, index=position, role=message.role or "assistant", content=message.content,
-                name=message.name, tool_calls=_tool_calls(message), tool_call_id=message.tool_call_id[:_ID_MAX],
-            ))
+        messages += [message_row(common, span.trace_id, span.span_id, round_id, position, direction, message)
+                     for position, (direction, message) in enumerate(ordered)]
     insert_ignoring_conflicts(Round, rounds)
     insert_ignoring_conflicts(Message, messages)
     return conversations

@@ -1,6 +1,6 @@
 """Serve OTLP/HTTP on its own port: ``manage.py otlp_http [--host] [--port 4318] [--processes N]``.
 
-POST /v1/traces and /v1/logs (see dashboard.ingest.receiver), from N processes
+POST /v1/traces, /v1/logs and /v1/metrics (see dashboard.ingest.receiver), from N processes
 sharing the port, until SIGTERM or SIGINT, which stop it gracefully: the requests
 read are stored and answered within ``--grace`` seconds.
 """
@@ -14,7 +14,7 @@ from dashboard.ingest.receiver import serve
 
 
 class Command(BaseCommand):
-    help = "Serve OTLP/HTTP (POST /v1/traces, /v1/logs) on OBSERVATORY_OTLP_HTTP_HOST:OBSERVATORY_OTLP_HTTP_PORT."
+    help = "Serve OTLP/HTTP (POST /v1/traces, /v1/logs, /v1/metrics) on OBSERVATORY_OTLP_HTTP_HOST:OBSERVATORY_OTLP_HTTP_PORT."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default=None, help="address to listen on (OBSERVATORY_OTLP_HTTP_HOST, 127.0.0.1)")
