@@ -37,6 +37,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from dashboard.observatory.conventions import TRUNCATION_MARKER
 from dashboard.priority import yield_to_pages
 
 from .common import json_decode_cost, memory_reserve, timestamp_window_nanos
@@ -54,7 +55,6 @@ MAX_SPAN_CHARS = 256 * 1024  # all attribute and event values of one span
 MAX_KEY_CHARS = 256  # an attribute key
 MAX_ITEMS = 256  # items of one array / kvlist value
 MAX_VALUE_DEPTH = 16  # arrays and kvlists inside each other
-TRUNCATION_MARKER = "…[truncated]"
 # A scalar or a container item costs this much of a budget, so long arrays of
 # small numbers are bounded too.
 _ITEM_COST = 8

@@ -102,7 +102,7 @@ class ToolExecutionOut(Schema):
     retry_count: int
     error_type: str
     error_message: str
-    observation_tokens: int
+    observation_tokens: Optional[int]  # null: unknown (a span-only call without its whole result)
     cache_hit: bool
     artifact_id: str
     trace_id: str
@@ -171,6 +171,7 @@ class ToolStatsOut(Schema):
     p99_ms: Optional[float]
     latency_histogram: list[int]
     tokens_by_level: dict[str, dict[str, int]]
+    unknown_token_calls: int  # calls whose observation tokens are unknown: in no level's count or tokens
     error_types: dict[str, int]
 
 
@@ -247,6 +248,7 @@ def _tool_stats_row(stats: selectors.ToolStats) -> dict[str, Any]:
         "p99_ms": stats.p99,
         "latency_histogram": stats.latency_histogram,
         "tokens_by_level": stats.tokens_by_level,
+        "unknown_token_calls": stats.unknown_token_calls,
         "error_types": dict(stats.error_types),
     }
 

@@ -164,6 +164,8 @@ KEYS = frozenset(rule.key for rule in RULES) | frozenset(rule.key for rule in ME
 MESSAGE_PREFIXES = tuple(rule.key + "." for rule in MESSAGE_RULES if rule.shape != PARTS_JSON)
 _MESSAGE_KEYS = tuple(rule.key for rule in MESSAGE_RULES)  # what every key holding messages starts with
 TEXT_LIMIT = 16 * 1024  # a message or tool argument kept from a span, at most
+# What ingest (dashboard.ingest.otlp) appends to a value it cut to its limits.
+TRUNCATION_MARKER = "…[truncated]"
 
 
 @dataclass
@@ -206,6 +208,16 @@ _TEXT_CONCEPTS = ("conversation", "user", "agent", "model", "provider", "tool_na
 _NUMBER_CONCEPTS = ("input_tokens", "output_tokens", "context_window")
 
 
+# A token count past this is no count (what the token columns hold, and more than any context).
+TOKENS_MAX = 2**31 - 1
+
+
+def token_count_of(value: Any) -> Optional[int]:
+    """``count_of`` for a token count: also None past TOKENS_MAX."""
+    count = count_of(value)
+    return count if count is not None and count <= TOKENS_MAX else None
+
+
 def _text(value: Any) -> str:
     if value is None or isinstance(value, (dict, list)):
         return ""
@@ -213,7 +225,8 @@ def _text(value: Any) -> str:
     return "" if text in EMPTY_VALUES else text
 
 
-def _number(value: Any) -> Optional[int]:
+def count_of(value: Any) -> Optional[int]:
+    """A count (a whole number >= 0, or its digits as text) from an attribute value; None otherwise."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -277,7 +290,7 @@ def span_facts(
     for concept in _TEXT_CONCEPTS:
         setattr(facts, concept, _text(value_of(concept, attributes, resource)))
     for concept in _NUMBER_CONCEPTS:
-        setattr(facts, concept, _number(value_of(concept, attributes, resource)))
+        setattr(facts, concept, count_of(value_of(concept, attributes, resource)))
     facts.operation = value_of("operation", attributes) or ""
     facts.tool_arguments = value_of("tool_arguments", attributes)
     facts.tool_result = value_of("tool_result", attributes)
@@ -316,21 +329,44 @@ def _clip(text: Any) -> str:
     return text[:TEXT_LIMIT]
 
 
-def _json_or_text(value: Any) -> Any:
-    """Arguments as an object when they are JSON text of one."""
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            return value
-        return parsed
-    return value
+JSON_TEXT_LIMIT = 256 * 1024  # JSON text read from a span value, at most (longer: kept as text)
+JSON_DEPTH_LIMIT = 32  # objects and arrays inside each other (deeper: kept as text)
+
+
+def json_or_text(value: Any) -> Any:
+    """``value`` parsed when it is the JSON text of an object or array (what the
+    conventions send as a string: arguments, message documents), else as it is: a
+    text that is not JSON stays text. Bounded: a text longer than JSON_TEXT_LIMIT,
+    or nested deeper than JSON_DEPTH_LIMIT, stays text (the parser would recurse
+    once per level)."""
+    if not isinstance(value, str) or len(value) > JSON_TEXT_LIMIT or value.lstrip()[:1] not in ("{", "["):
+        return value
+    try:
+        parsed = json.loads(value)
+    except (ValueError, RecursionError):
+        return value
+    return parsed if _depth_within(parsed, JSON_DEPTH_LIMIT) else value
+
+
+def _depth_within(document: Any, limit: int) -> bool:
+    """Whether no object or array of ``document`` lies more than ``limit`` deep (walked
+    without recursion)."""
+    stack = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return True
 
 
 def _parts_messages(raw: Any) -> list[MessageFact]:
     """The GenAI JSON form: [{"role", "parts": [{"type": "text", "content"},
     {"type": "tool_call", "id", "name", "arguments"}, {"type": "tool_call_response", "id", "response"}]}]."""
-    document = _json_or_text(raw)
+    document = json_or_text(raw)
     if not isinstance(document, list):
         return []
     messages = []
@@ -349,7 +385,7 @@ def _parts_messages(raw: Any) -> list[MessageFact]:
                     texts.append(_clip(part.get("content")))
                 elif kind == "tool_call":
                     message.tool_calls.append(ToolCallFact(
-                        _text(part.get("id")), _text(part.get("name")), _json_or_text(part.get("arguments"))
+                        _text(part.get("id")), _text(part.get("name")), json_or_text(part.get("arguments"))
                     ))
                 elif kind == "tool_call_response":
                     message.tool_call_id = _text(part.get("id"))
@@ -392,7 +428,7 @@ def _indexed_messages(attributes: Mapping[str, Any], prefix: str, shape: str) ->
             message.tool_calls.append(ToolCallFact(
                 _text(each.get(call + "id")),
                 _text(each.get(call + "function.name") if call else each.get("name")),
-                _json_or_text(each.get(call + "function.arguments") if call else each.get("arguments")),
+                json_or_text(each.get(call + "function.arguments") if call else each.get("arguments")),
             ))
         messages.append(message)
     return messages

@@ -113,7 +113,10 @@ ROUNDS_A_QUERY = 500
 
 
 def observation_cost(execution: Any, table: PriceTable, *, fallback_model: str = "") -> Optional[int]:
-    """pico-USD of a tool result's observation tokens at its model's input rate."""
+    """pico-USD of a tool result's observation tokens at its model's input rate; None
+    when the model has no price or the tokens are unknown."""
+    if execution.observation_tokens is None:
+        return None
     price = table.price_for(execution.model or fallback_model, execution.occurred_at)
     return None if price is None else price.cost(execution.observation_tokens)
 
@@ -151,10 +154,12 @@ def tool_call_costs(stats: dict[str, dict[str, Any]], executions: Any, at: datet
                     table: Optional[PriceTable] = None) -> None:
     """Add each tool's observation cost and priced calls of ``executions`` (those of
     the minute from ``at``) to its rollup entry (``tool_rollups_refresh``'s ``stats``).
+    A call whose tokens are unknown is no priced call (the rollup counts it apart).
     One grouped query."""
     table = table or PriceTable.load()
     for row in executions.values("tool_name", "model").order_by().annotate(
-        conversation_model=F("conversation__model"), tokens=Sum("observation_tokens"), calls=Count("id"),
+        conversation_model=F("conversation__model"), tokens=Sum("observation_tokens"),
+        calls=Count("observation_tokens"),
     ):
         price = table.price_for(row["model"] or row["conversation_model"] or "", at)
         if price is not None and row["tool_name"] in stats:

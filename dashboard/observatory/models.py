@@ -405,7 +405,9 @@ class ToolExecution(_RecordRow):
     error_type = models.CharField(max_length=200, blank=True)
     error_message = models.TextField(blank=True)
     duration_ms = models.FloatField(default=0.0)
-    observation_tokens = models.PositiveIntegerField(default=0)
+    # Null: unknown (a call known only from its span, whose span carries no whole
+    # result): left out of every sum and counted as left out, never taken for 0.
+    observation_tokens = models.PositiveIntegerField(default=0, null=True, blank=True)
     cache_hit = models.BooleanField(default=False)
 
     # The three renderings (null when the agent did not send that level).
@@ -600,6 +602,13 @@ class ToolRollupFigures(models.Model):
     # priced_calls says how many calls had a price (span-only calls never do).
     cost_pico_usd = models.BigIntegerField(default=0)
     priced_calls = models.PositiveIntegerField(default=0)
+    # Calls whose observation tokens are unknown (ToolExecution.observation_tokens null,
+    # a span-only call without ba.observation_tokens): in no token sum, no level's count
+    # and no cost; the pages say how many were left out.
+    unknown_token_calls = models.PositiveIntegerField(default=0)
+    # Observation tokens of the calls with no output level (known only from a span
+    # of another convention): what the model saw, counted in no level.
+    unleveled_tokens = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -224,7 +224,7 @@ def conversation_timeline(conversation: Conversation, *, page: int = 1) -> Timel
 ROLLUP_SUM_FIELDS = (
     "calls", "successes", "errors", "retries", "timeouts", "cache_hits", "duration_sum_ms",
     "brief_tokens", "brief_count", "standard_tokens", "standard_count", "full_tokens", "full_count",
-    "cost_pico_usd", "priced_calls",
+    "cost_pico_usd", "priced_calls", "unknown_token_calls", "unleveled_tokens",
 )
 RECENT_FAILURES = 20
 
@@ -251,6 +251,8 @@ class ToolStats:
     full_count: int = 0
     cost_pico_usd: int = 0  # observation tokens at the input price (observatory.costs)
     priced_calls: int = 0
+    unknown_token_calls: int = 0  # calls whose observation tokens are unknown: in no sum, no cost
+    unleveled_tokens: int = 0  # known observation tokens of the calls with no output level
     latency_histogram: list[int] = field(default_factory=histogram.empty_histogram)
     error_types: Counter = field(default_factory=Counter)
 
@@ -342,7 +344,9 @@ class ToolStats:
 
     @property
     def unpriced_calls(self) -> int:
-        return self.calls - self.priced_calls
+        """Calls with known tokens whose model has no price (those with unknown tokens
+        are left out of the cost too, and counted apart)."""
+        return self.calls - self.priced_calls - self.unknown_token_calls
 
     @property
     def top_error_types(self) -> list[tuple[str, int]]:

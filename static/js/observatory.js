@@ -51,6 +51,7 @@
         borderColor: COLORS.accent,
         backgroundColor: COLORS.accent,
         tension: 0.1,
+        spanGaps: false, // a round of unknown context (a failed call) is a gap, not 0
       },
     ];
     if (data.window.some(function (v) { return v !== null; })) {

@@ -225,3 +225,22 @@ def test_it_changes_the_compression_config_in_the_admin(page, live_server, seede
     assert profile.is_active and profile.config == config
     assert effective_config(project=seeded).compression == config
     page.console_watch.assert_clean("admin")
+
+
+def test_a_failed_model_call_is_a_gap_in_the_drawn_token_budget(page, live_server, seeded):
+    """The chart leaves the failed round's point out (Chart.js skips a null point and,
+    with spanGaps off, breaks the line there): no drop to 0."""
+    store(seeded, [round_record("conv-gap", 0, context_tokens=1000),
+                   round_record("conv-gap", 1, context_tokens=0, status="error", final_answer=None),
+                   round_record("conv-gap", 2, context_tokens=3000)])
+    log_in(page, live_server.url)
+    page.goto(conversation_url(live_server.url, seeded, "conv-gap"))
+    page.wait_for_function("document.querySelector('canvas[data-chart=\"token-budget\"]').dataset.drawn === '1'")
+    drawn = page.evaluate("""() => {
+        const chart = window.Chart.getChart(document.querySelector('canvas[data-chart="token-budget"]'));
+        const meta = chart.getDatasetMeta(0);
+        return {data: chart.data.datasets[0].data, skipped: meta.data.map((point) => point.skip),
+                spanGaps: chart.data.datasets[0].spanGaps};
+    }""")
+    assert drawn == {"data": [1000, None, 3000], "skipped": [False, True, False], "spanGaps": False}
+    page.console_watch.assert_clean("conversation with a failed round")

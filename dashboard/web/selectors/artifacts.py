@@ -13,11 +13,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from django.db.models import OuterRef, Q, Subquery, TextField
+from django.db.models.functions import Cast
+
 from dashboard.accounts.models import Project
-from dashboard.observatory.models import Artifact
+from dashboard.observatory.models import Artifact, ToolExecution
 from dashboard.observatory.selectors import artifacts_for_project, download_type
 
 PAGE_SIZE = 50
+READERS_SHOWN = 50  # the tool calls that read an artifact back, listed on its page at most
 PREVIEW_BYTES = 256 * 1024
 CSV_PREVIEW_ROWS = 200
 
@@ -25,16 +29,18 @@ CSV_PREVIEW_ROWS = 200
 def artifact_list(
     project: Project, *, before_id: Optional[int] = None, page_size: Optional[int] = None
 ) -> tuple[list[Artifact], Optional[int]]:
-    """Newest first, keyset by id (ids grow with created_at for uploads)."""
+    """Newest first, keyset by id (ids grow with created_at for uploads); each with
+    the tool that produced it (``producer_tool``: one probe of toolexec_project_artifact)."""
     page_size = page_size or PAGE_SIZE
     qs = (
         artifacts_for_project(project)
-        .select_related("conversation", "tool_execution")
+        .select_related("conversation")
         .only(
             "id", "artifact_id", "size", "content_type", "created_at", "expires_at",
             "conversation__id", "conversation__title", "conversation__external_id",
-            "tool_execution__id", "tool_execution__tool_name",
         )
+        .annotate(producer_tool=Subquery(_naming(OuterRef("project_id"), OuterRef("artifact_id"))
+                                         .values("tool_name")[:1]))
         .order_by("-id")
     )
     if before_id is not None:
@@ -42,6 +48,41 @@ def artifact_list(
     rows = list(qs[: page_size + 1])
     next_before = rows[page_size - 1].id if len(rows) > page_size else None
     return rows[:page_size], next_before
+
+
+def _naming(project_id: Any, artifact_id: Any) -> Any:
+    """The tool executions whose result names the artifact, first first: the first
+    produced it; a later one (a tool that read it back: artifacts are
+    content-addressed, so its result is the same artifact) is a reader."""
+    return ToolExecution.objects.filter(project_id=project_id, artifact_id=artifact_id).exclude(
+        artifact_id="").order_by("occurred_at", "id")
+
+
+@dataclass
+class Provenance:
+    producer: Optional[ToolExecution]  # None: no tool call names it (yet)
+    readers: list[ToolExecution]
+    more_readers: bool  # more than READERS_SHOWN
+
+
+def artifact_provenance(artifact: Artifact) -> Provenance:
+    """Who produced the artifact and who read it back: the tool calls after the
+    producer that name it in their result, or in their arguments (file_reader's
+    {"name": "artifact_…"}) in the producer's conversation. At most READERS_SHOWN."""
+    fields = ("id", "tool_name", "occurred_at", "conversation_id", "round_id", "tool_call_id")
+    naming = _naming(artifact.project_id, artifact.artifact_id).only(*fields)
+    producer = naming.first()
+    if producer is None:
+        return Provenance(producer=None, readers=[], more_readers=False)
+    in_result = Q(project_id=artifact.project_id, artifact_id=artifact.artifact_id) & ~Q(artifact_id="")
+    in_arguments = Q(conversation_id=producer.conversation_id, occurred_at__gte=producer.occurred_at,
+                     arguments__contains=artifact.artifact_id)
+    readers = list(
+        ToolExecution.objects.alias(arguments=Cast("parameters", TextField()))
+        .filter(in_result | in_arguments).exclude(pk=producer.pk)
+        .order_by("occurred_at", "id").only(*fields)[: READERS_SHOWN + 1]
+    )
+    return Provenance(producer=producer, readers=readers[:READERS_SHOWN], more_readers=len(readers) > READERS_SHOWN)
 
 
 @dataclass

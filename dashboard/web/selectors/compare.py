@@ -50,8 +50,10 @@ class SideRound:
         return self.round["derived_context_tokens"] or self.round["context_tokens"] or 0
 
     @property
-    def observation_tokens(self) -> int:
-        return sum(t.row["observation_tokens"] for t in self.tools)
+    def observation_tokens(self) -> tuple[int, int]:
+        """(the known tokens' sum, the calls whose tokens are unknown: left out of it)."""
+        known = [t.row["observation_tokens"] for t in self.tools if t.row["observation_tokens"] is not None]
+        return sum(known), len(self.tools) - len(known)
 
     @property
     def errors(self) -> tuple[int, int]:

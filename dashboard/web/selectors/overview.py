@@ -29,6 +29,7 @@ class Totals:
     tool_errors: int
     retries: int
     observation_tokens: int
+    unknown_token_calls: int  # calls left out of observation_tokens: their tokens are unknown
 
     @property
     def error_rate(self) -> Optional[float]:
@@ -46,7 +47,8 @@ def overview_totals(project: Project, *, since: datetime) -> Totals:
         output_tokens=Sum("output_tokens"),
     )
     tools = ToolHourlyRollup.objects.filter(project=project, hour__gte=since).aggregate(
-        calls=Sum("calls"), errors=Sum("errors"), retries=Sum("retries"), **level_token_sums()
+        calls=Sum("calls"), errors=Sum("errors"), retries=Sum("retries"), unknown=Sum("unknown_token_calls"),
+        unleveled=Sum("unleveled_tokens"), **level_token_sums()
     )
     return Totals(
         conversations=conv["n"] or 0,
@@ -57,6 +59,7 @@ def overview_totals(project: Project, *, since: datetime) -> Totals:
         tool_errors=tools["errors"] or 0,
         retries=tools["retries"] or 0,
         observation_tokens=_observation_tokens(tools),
+        unknown_token_calls=tools["unknown"] or 0,
     )
 
 
@@ -75,7 +78,8 @@ class CostTotals:
     cost_pico_usd: Optional[int]
     unpriced_rounds: int
     tool_cost_pico_usd: Optional[int]  # None: no call had a price
-    unpriced_calls: int  # calls left out of tool_cost_pico_usd
+    unpriced_calls: int  # calls with known tokens left out of tool_cost_pico_usd: no price
+    unknown_token_calls: int  # calls left out of it too: their tokens are unknown
     by_model: list[ModelCost]
 
 
@@ -97,12 +101,13 @@ def cost_totals(project: Project, *, since: datetime) -> CostTotals:
     ]
     priced = [m.cost_pico_usd for m in by_model if m.cost_pico_usd is not None]
     tool_cost = ToolHourlyRollup.objects.filter(project=project, hour__gte=since).aggregate(
-        c=Sum("cost_pico_usd"), priced=Sum("priced_calls"), calls=Sum("calls"))
+        c=Sum("cost_pico_usd"), priced=Sum("priced_calls"), calls=Sum("calls"), unknown=Sum("unknown_token_calls"))
     return CostTotals(
         cost_pico_usd=sum(priced) if priced else None,
         unpriced_rounds=sum(m.unpriced_rounds for m in by_model),
         tool_cost_pico_usd=(tool_cost["c"] or 0) if tool_cost["priced"] else None,
-        unpriced_calls=(tool_cost["calls"] or 0) - (tool_cost["priced"] or 0),
+        unpriced_calls=(tool_cost["calls"] or 0) - (tool_cost["priced"] or 0) - (tool_cost["unknown"] or 0),
+        unknown_token_calls=tool_cost["unknown"] or 0,
         by_model=by_model,
     )
 
@@ -116,5 +121,6 @@ def first_activity(project: Project, *, since: datetime) -> Optional[datetime]:
 
 
 def _observation_tokens(sums: dict[str, Any]) -> int:
-    """The tokens the model saw: each call counts at the level it was shown at."""
-    return sum(sums[level] or 0 for level in LEVELS)
+    """The tokens the model saw: each call counts at the level it was shown at, a
+    call with no level (known only from a span) apart; unknown ones are left out."""
+    return sum(sums[level] or 0 for level in LEVELS) + (sums["unleveled"] or 0)

@@ -29,6 +29,7 @@ HOURLY_UP_TO = timedelta(days=7)
 HOUR_SUMS = {
     "s_calls": Sum("calls"), "s_errors": Sum("errors"), "s_cost": Sum("cost_pico_usd"),
     "s_priced": Sum("priced_calls"), **{f"s_{level}": Sum(f"{level}_tokens") for level in LEVELS},
+    "s_unleveled": Sum("unleveled_tokens"),
     **histogram_bucket_sums(),
 }
 URL_TIME = "%Y-%m-%dT%H:%M"  # what the list's since/until take (UTC)
@@ -90,9 +91,9 @@ def time_series(
         errors[i] += int(hour_errors or 0)
         tool_cost[i] += int(cost or 0)
         tool_priced[i] += int(priced or 0)
-        observation_tokens[i] += sum(int(tokens or 0) for tokens in rest[: len(LEVELS)])
+        observation_tokens[i] += sum(int(tokens or 0) for tokens in rest[: len(LEVELS) + 1])  # levels, unleveled
         counts = histograms[i]
-        for b, count in enumerate(rest[len(LEVELS):]):
+        for b, count in enumerate(rest[len(LEVELS) + 1:]):
             counts[b] += int(count or 0)
     series: dict[str, Any] = {
         "labels": [_label(start, step) for start in edges],

@@ -37,7 +37,9 @@ def conversation_for(project: Project, conversation_pk: int) -> Conversation:
 def token_budget(conversation: Conversation) -> dict[str, list[Any]]:
     """The chart's series, one point per round: context tokens (the derived value, or
     the reported one before the totals task ran), the model's window, the threshold
-    (window x configured ratio) and the context size where compression fired."""
+    (window x configured ratio) and the context size where compression fired. A
+    round of no known context (a failed model call reports no usage) is a null point,
+    a gap in the line: never a drop to 0."""
     rows = list(
         Round.objects.filter(conversation=conversation)
         .order_by("index", "id")
@@ -53,7 +55,7 @@ def token_budget(conversation: Conversation) -> dict[str, list[Any]]:
     for round_id, index, reported, derived, model_window, ratio in rows:
         tokens = derived or reported
         labels.append(round_number(index))
-        context.append(tokens)
+        context.append(tokens or None)
         window.append(model_window)
         threshold.append(int(model_window * ratio) if model_window and ratio else None)
         compressions.append(fired[round_id] if round_id in fired else None)

@@ -91,7 +91,8 @@ def nearest_rank(sorted_values: list[float], q: float) -> Optional[float]:
 def level_costs(project: Project, tool_name: str, *, since: datetime) -> dict[str, Any]:
     """What each output level would have cost across the tool's calls in range: the
     sum of each rendering's tokens, over the calls that sent that rendering, and the
-    tokens the model actually saw (observation_tokens).
+    tokens the model actually saw (observation_tokens; ``unknown_calls`` calls whose
+    tokens are unknown are left out of that sum and its mean).
 
     Read from the rows (the rollups keep only the tokens of the level that was
     seen), so it is bounded to the newest LEVEL_COST_CALLS calls of the range;
@@ -117,23 +118,25 @@ def level_costs(project: Project, tool_name: str, *, since: datetime) -> dict[st
         f"THEN observation_tokens END)" for level in LEVELS
     )
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT priced_model, day, COUNT(*), SUM(observation_tokens), {sums} "
+        cursor.execute(f"SELECT priced_model, day, COUNT(*), COUNT(observation_tokens), SUM(observation_tokens), {sums} "
                        f"FROM ({sql}) newest GROUP BY priced_model, day", params)
         rows = cursor.fetchall()
     groups = []
-    for model, day, calls, seen, *per_level in rows:
+    for model, day, calls, known, seen, *per_level in rows:
         group = {"model": model or "", "day": day if isinstance(day, date) else date.fromisoformat(str(day)),
-                 "calls": calls, "seen": seen or 0}
+                 "calls": calls, "seen_calls": known, "seen": seen or 0}
         for i, level in enumerate(LEVELS):  # the calls that sent that rendering, what the model was given on them
             tokens, sent, seen_on_them = per_level[3 * i: 3 * i + 3]
             group.update({level: tokens or 0, f"{level}_calls": sent, f"{level}_seen": seen_on_them or 0})
         groups.append(group)
-    names = [*LEVELS, *(f"{level}_calls" for level in LEVELS), "seen", "calls"]
+    names = [*LEVELS, *(f"{level}_calls" for level in LEVELS), "seen", "seen_calls", "calls"]
     costs: dict[str, Any] = {name: sum(int(g[name] or 0) for g in groups) for name in names}
     for level in LEVELS:
         calls = costs[f"{level}_calls"]
         costs[f"{level}_mean"] = costs[level] / calls if calls else None
-    costs["seen_mean"] = costs["seen"] / costs["calls"] if costs["calls"] else None
+    # over the calls whose tokens are known: those of unknown tokens are left out, and counted
+    costs["seen_mean"] = costs["seen"] / costs["seen_calls"] if costs["seen_calls"] else None
+    costs["unknown_calls"] = costs["calls"] - costs["seen_calls"]
     costs["sampled"] = costs["calls"] >= LEVEL_COST_CALLS
     costs["limit"] = LEVEL_COST_CALLS
     costs.update(level_costs_usd(groups))

@@ -152,10 +152,13 @@ def usd(pico: Any) -> str:
 
 
 @register.inclusion_tag("web/partials/cost.html")
-def cost(pico: Any, left_out: Any = 0, noun: str = "round", testid: str = "") -> dict[str, Any]:
+def cost(pico: Any, left_out: Any = 0, noun: str = "round", testid: str = "", unknown: Any = 0) -> dict[str, Any]:
     """An amount with what it left out: '$1.20 (3 calls without a price left out)',
-    'no price (3 rounds)' when nothing had a price, '$1.20' when everything had one."""
-    return {"cost": pico, "left_out": int(left_out or 0), "noun": noun, "testid": testid}
+    'no price (3 rounds)' when nothing had a price, '$1.20' when everything had one;
+    ``unknown``: the calls whose tokens are unknown, left out too ('$1.20 (2 calls
+    with unknown tokens left out)', 'unknown (2 calls with unknown tokens)')."""
+    return {"cost": pico, "left_out": int(left_out or 0), "noun": noun, "testid": testid,
+            "unknown": int(unknown or 0)}
 
 
 @register.filter

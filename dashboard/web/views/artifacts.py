@@ -7,7 +7,7 @@ from dashboard.accounts.models import Project
 from dashboard.observatory.selectors import artifacts_for_project, download_name, download_type
 
 from ..access import project_page
-from ..selectors.artifacts import PREVIEW_BYTES, artifact_list as list_artifacts, preview
+from ..selectors.artifacts import PREVIEW_BYTES, artifact_list as list_artifacts, artifact_provenance, preview
 
 
 @project_page
@@ -28,9 +28,7 @@ def artifact_list(request: HttpRequest, project: Project) -> HttpResponse:
 
 @project_page
 def artifact_detail(request: HttpRequest, project: Project, artifact_id: str) -> HttpResponse:
-    artifact = get_object_or_404(
-        artifacts_for_project(project).select_related("conversation", "tool_execution"), artifact_id=artifact_id
-    )
+    artifact = get_object_or_404(artifacts_for_project(project).select_related("conversation"), artifact_id=artifact_id)
     try:
         shown = preview(artifact)
     except OSError:
@@ -39,7 +37,7 @@ def artifact_detail(request: HttpRequest, project: Project, artifact_id: str) ->
         request,
         "web/artifact.html",
         {"project": project, "nav_section": "artifacts", "artifact": artifact, "preview": shown,
-         "preview_limit": PREVIEW_BYTES},
+         "preview_limit": PREVIEW_BYTES, "provenance": artifact_provenance(artifact)},
     )
 
 

@@ -97,7 +97,7 @@ def tool_detail(request: HttpRequest, project: Project, tool_name: str) -> HttpR
 TOOL_STATS_COLUMNS = (
     "tool", "calls", "successes", "success_rate", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "retries",
     "timeouts", "cache_hits", "cache_hit_rate", "mean_tokens_brief", "mean_tokens_standard", "mean_tokens_full",
-    "observation_cost_usd", "unpriced_calls",
+    "observation_cost_usd", "unpriced_calls", "unknown_token_calls",
 )
 
 
@@ -109,7 +109,7 @@ def tool_stats_export(request: HttpRequest, project: Project) -> HttpResponse:
     rows = (
         (s.tool_name, s.calls, s.successes, s.success_rate, s.errors, s.p50, s.p95, s.p99, s.mean_duration_ms,
          s.retries, s.timeouts, s.cache_hits, s.cache_hit_rate, s.mean_brief_tokens, s.mean_standard_tokens,
-         s.mean_full_tokens, usd_plain(s.cost), s.unpriced_calls)
+         s.mean_full_tokens, usd_plain(s.cost), s.unpriced_calls, s.unknown_token_calls)
         for s in tool_stats(project, since=window.since)
     )
     return csv_response(f"tools-{project.slug}-{window.label}.csv", TOOL_STATS_COLUMNS, rows)
@@ -125,7 +125,8 @@ TOOL_CALL_COLUMNS = (
 @project_page
 def tool_call_export(request: HttpRequest, project: Project, pk: int) -> HttpResponse:
     """A conversation's tool calls as CSV, in the order they happened, with each
-    observation's cost at its model's input price."""
+    observation's cost at its model's input price (both blank when the tokens are
+    unknown, as for no price)."""
     from dashboard.observatory.costs import observation_cost
     from dashboard.tuning.pricing import PriceTable
 

@@ -36,8 +36,11 @@ def test_the_hours_rolled_up_before_minute_slices_are_recomputed_into_slices(pro
     ])
     try:
         migrate("0014_span_tool_underived")
-        for hour in hours:  # the rollups of before: the hour's calls, no slices
-            ToolHourlyRollup.objects.create(project=project, tool_name="search", hour=hour, calls=3, successes=3)
+        # the rollups of before (the model as it was then): the hour's calls, no slices
+        rollups_then = MigrationExecutor(connection).loader.project_state(
+            ("observatory", "0014_span_tool_underived")).apps.get_model("observatory", "ToolHourlyRollup")
+        for hour in hours:
+            rollups_then.objects.create(project_id=project.pk, tool_name="search", hour=hour, calls=3, successes=3)
         migrate()  # 0015 and what came after
     finally:
         migrate()
@@ -72,3 +75,30 @@ def test_spans_have_no_project_constraint_on_postgresql_and_it_comes_back_when_m
     finally:
         migrate()
     assert _span_project_constraints() == []
+
+
+@pytest.mark.django_db(transaction=True)  # migrations change the schema
+def test_span_derived_calls_counted_as_0_before_become_unknown_and_their_hours_recomputed(project, records):
+    """0021: a tool execution derived from a span before was never counted (its 0
+    meant "unknown"): it becomes null, and its hour gets a note to recompute its rollups."""
+    from dashboard.observatory.models import Conversation
+
+    records_store(project=project, records=[parse_record(records.tool_result(tool="search"))])
+    conversation = Conversation.objects.get()
+    try:
+        migrate("0020_toolexec_conversation_round")
+        executions_then = MigrationExecutor(connection).loader.project_state(
+            ("observatory", "0020_toolexec_conversation_round")).apps.get_model("observatory", "ToolExecution")
+        executions_then.objects.create(
+            project_id=project.pk, conversation_id=conversation.pk, record_id="6f1d1c2e-5b0a-4c1e-9d3c-7a7f0e6b5a11",
+            occurred_at=records.now, source="span", tool_name="search", tool_call_id="call_s", output_level="",
+            success=True, observation_tokens=0)
+        DerivationNote.objects.all().delete()
+        migrate()
+    finally:
+        migrate()
+    assert dict(ToolExecution.objects.values_list("source", "observation_tokens")) == {"record": 0, "span": None}
+    (note,) = DerivationNote.objects.all()
+    assert note.hours == [hour_of(records.now).isoformat()]
+    drain.outbox_drain_all()
+    assert ToolHourlyRollup.objects.get(tool_name="search").unknown_token_calls == 1

@@ -206,7 +206,8 @@ def test_a_conversations_tool_span_counts_as_the_tool_execution_derived_from_it(
 
 def test_it_reads_span_facts_of_every_json_type_like_the_rows_say(project, records):
     # The rollup reads five attributes through the database's JSON extraction (SQLite
-    # and PostgreSQL differ in what they hand back); hostile types count as nothing.
+    # and PostgreSQL differ in what they hand back); hostile types count as nothing, and
+    # a token count that is none (negative, a list, absurd, absent) is unknown, not 0.
     at = records.now
     facts = [
         {"ba.retry_count": 2, "ba.cache_hit": True, "ba.output_level": "brief", "ba.observation_tokens": 40},
@@ -224,7 +225,8 @@ def test_it_reads_span_facts_of_every_json_type_like_the_rows_say(project, recor
     assert (rollup.calls, rollup.errors, rollup.successes) == (6, 1, 5)
     assert rollup.retries == 2 + 3  # an int and a digit string; bools, negatives, objects count 0
     assert rollup.cache_hits == 2  # true and 1 (SQLite cannot tell them apart)
-    assert (rollup.brief_count, rollup.brief_tokens, rollup.full_count, rollup.full_tokens) == (2, 40, 1, 0)
+    assert (rollup.brief_count, rollup.brief_tokens, rollup.full_count, rollup.full_tokens) == (1, 40, 0, 0)
+    assert (rollup.unknown_token_calls, rollup.unleveled_tokens) == (4, 10)
     assert sum(rollup.error_types.values()) == 1
 
 

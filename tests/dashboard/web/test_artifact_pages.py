@@ -129,3 +129,51 @@ def test_it_keeps_the_list_query_count_flat(client_in, project, django_assert_ma
     url = reverse("web:artifacts", args=[project.slug])
     with django_assert_max_num_queries(6):
         assert client_in.get(url).status_code == 200
+
+
+def test_it_names_the_tool_that_produced_an_artifact_and_lists_its_readers(client_in, project):
+    """Artifacts are content-addressed: a tool that reads one back (file_reader) gets
+    the same artifact id in its result. The artifact is the producer's
+    (query_database, the first to name it), whatever the order the records arrive
+    in; the readers are listed on its page."""
+    from datetime import timedelta
+
+    from tests.dashboard.web.pages_factories import HOUR
+
+    from dashboard.observatory.models import Artifact, ToolExecution
+
+    artifact = add_artifact(project, b'[{"region": "east", "total": 39}]')
+    reader = tool_record("conv-a", tool="file_reader", at=HOUR + timedelta(minutes=2),
+                         artifact_id=artifact.artifact_id, parameters={"name": artifact.artifact_id})
+    store(project, [reader])  # the reader's record first: its batch came before the producer's
+    producer = tool_record("conv-a", tool="query_database", at=HOUR + timedelta(minutes=1),
+                           artifact_id=artifact.artifact_id, parameters={"sql": "select region, total from sales"})
+    only_arguments = tool_record("conv-a", tool="summarise", at=HOUR + timedelta(minutes=3),
+                                 parameters={"artifact": artifact.artifact_id})
+    store(project, [producer, only_arguments])
+    first = ToolExecution.objects.get(tool_name="query_database")
+    body = client_in.get(reverse("web:artifacts", args=[project.slug])).content.decode()
+    cell = re.search(r'<td data-field="producer">(.*?)</td>', body, re.S).group(1)
+    assert cell == "<code>query_database</code>"
+    page = detail(client_in, artifact).content.decode()
+    assert "<code>query_database</code>" in re.search(r'data-testid="producer">(.*?)</td>', page, re.S).group(1)
+    readers = re.search(r'data-testid="readers">(.*?)</td>', page, re.S).group(1)
+    assert re.findall(r"<code>(\w+)</code>", readers) == ["file_reader", "summarise"]
+    assert f"#exec-{first.pk}" in page  # the conversation link opens at the producer
+
+    # the link pass names the producer too, when both are there to choose from
+    Artifact.objects.filter(pk=artifact.pk).update(tool_execution=None)
+    from dashboard.observatory.derive.passes import links
+
+    links.links_refresh(project_id=project.pk, artifact_ids=[artifact.artifact_id])
+    assert Artifact.objects.get(pk=artifact.pk).tool_execution_id == first.pk
+
+
+def test_it_lists_no_reader_of_another_project(client_in, project, other_project):
+    artifact = add_artifact(project, b"[1]")
+    store(project, [tool_record("conv-a", tool="query_database", artifact_id=artifact.artifact_id)])
+    store(other_project, [tool_record("conv-a", tool="file_reader", artifact_id=artifact.artifact_id,
+                                      parameters={"name": artifact.artifact_id})])
+    page = detail(client_in, artifact).content.decode()
+    assert 'data-testid="readers"' not in page and "file_reader" not in page
+    assert client_in.get(reverse("web:artifact", args=[other_project.slug, artifact.artifact_id])).status_code == 404

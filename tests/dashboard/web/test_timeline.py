@@ -166,3 +166,22 @@ def test_it_escapes_hostile_content_everywhere_on_the_timeline(client_in, projec
 def test_it_shows_no_filesystem_path(client_in, conversation, settings):
     body = client_in.get(url(conversation)).content.decode()
     assert str(settings.DATA_DIR) not in body and str(settings.BASE_DIR) not in body
+
+
+def budget_data(body: str) -> dict:
+    start = body.index('<script id="budget-data" type="application/json">') + len(
+        '<script id="budget-data" type="application/json">')
+    return json.loads(body[start: body.index("</script>", start)])
+
+
+def test_a_failed_model_call_is_a_gap_in_the_token_budget_not_a_drop_to_0(client_in, project):
+    store(project, [round_record("conv-f", 0, context_tokens=1000),
+                    round_record("conv-f", 1, context_tokens=0, status="error", final_answer=None),
+                    round_record("conv-f", 2, context_tokens=3000)])
+    conversation = Conversation.objects.get(project=project, external_id="conv-f")
+    body = client_in.get(url(conversation)).content.decode()
+    rounds = list(Round.objects.filter(conversation=conversation).order_by("index"))
+    assert [r.derived_context_tokens or r.context_tokens for r in rounds] == [1000, 0, 3000]  # 0: none reported
+    assert budget_data(body)["context"] == [1000, None, 3000]
+    shown = [re.sub(r"\s+", " ", text) for text in re.findall(r'data-field="context">([^<]*)<', body)]
+    assert shown == ["context 1,000 / 8,000 tokens", "context unknown / 8,000 tokens", "context 3,000 / 8,000 tokens"]

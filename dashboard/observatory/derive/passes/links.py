@@ -268,17 +268,18 @@ def _spans_link(project_id: int, queries: list[Any], counts: dict[str, Any], gai
 
 
 def _artifacts_link(project_id: int, unlinked_artifacts: Any, counts: dict[str, Any]) -> None:
-    """Artifacts -> the tool execution that names them, and its conversation."""
+    """Artifacts -> the tool execution that produced them (the first that names
+    them: a tool that reads one back, file_reader, names it too, content-addressed),
+    and its conversation."""
     artifacts = list(unlinked_artifacts.only("id", "artifact_id"))
     if not artifacts:
         return
-    named = {
-        row[0]: (row[1], row[2])
-        for row in ToolExecution.objects.filter(
-            project_id=project_id, artifact_id__in={a.artifact_id for a in artifacts}
-        ).exclude(artifact_id="")  # implies the partial index's condition
-        .order_by("occurred_at").values_list("artifact_id", "id", "conversation_id")
-    }
+    named: dict[str, tuple[int, int]] = {}
+    for artifact_id, pk, conversation_id in ToolExecution.objects.filter(
+        project_id=project_id, artifact_id__in={a.artifact_id for a in artifacts}
+    ).exclude(artifact_id="").order_by("occurred_at", "id").values_list(  # (implies the partial index's condition)
+            "artifact_id", "id", "conversation_id"):
+        named.setdefault(artifact_id, (pk, conversation_id))
     changed = []
     for artifact in artifacts:
         if artifact.artifact_id in named:

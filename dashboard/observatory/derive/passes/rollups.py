@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from dashboard.priority import yield_to_pages
 from dashboard.observatory import costs
+from dashboard.observatory.conventions import count_of, token_count_of
 from dashboard.observatory.dbfunctions import HourUTC, database_now
 from dashboard.observatory.histogram import LATENCY_BUCKET_BOUNDS_MS, bucket_index, empty_histogram
 from dashboard.observatory.models import (
@@ -67,6 +68,8 @@ def _empty_rollup() -> dict[str, Any]:
         "calls": 0, "successes": 0, "errors": 0, "retries": 0, "timeouts": 0, "cache_hits": 0,
         "duration_sum_ms": 0.0, "latency_histogram": empty_histogram(), "error_types": Counter(),
         "cost_pico_usd": 0, "priced_calls": 0,  # [costs]
+        "unknown_token_calls": 0,  # in no token sum, no level's count, no cost
+        "unleveled_tokens": 0,  # known tokens of calls with no output level
         **{f"{level}_{kind}": 0 for level in _LEVELS for kind in ("tokens", "count")},
     }
 
@@ -141,17 +144,20 @@ def _minute_stats(project_id: int, start: datetime) -> dict[str, dict[str, Any]]
     level_aggregates = {}
     for level in _LEVELS:
         level_aggregates[f"{level}_tokens"] = Sum("observation_tokens", filter=Q(output_level=level))
-        level_aggregates[f"{level}_count"] = Count("id", filter=Q(output_level=level))
+        # the calls of the level whose tokens are known (a null count is no 0)
+        level_aggregates[f"{level}_count"] = Count("observation_tokens", filter=Q(output_level=level))
     for row in executions.values("tool_name").order_by().annotate(
         calls=Count("id"), successes=Count("id", filter=Q(success=True)),
         errors=Count("id", filter=Q(success=False)), retries=Sum("retry_count"),
         timeouts=Count("id", filter=Q(success=False) & _TIMEOUT),
         cache_hits=Count("id", filter=Q(cache_hit=True)), duration_sum_ms=Sum("duration_ms"),
+        unknown_token_calls=Count("id", filter=Q(observation_tokens__isnull=True)),
+        unleveled_tokens=Sum("observation_tokens", filter=~Q(output_level__in=_LEVELS)),
         **level_aggregates, **_histogram_aggregates(),
     ):
         entry = stats[row["tool_name"]]
         for name in ("calls", "successes", "errors", "retries", "timeouts", "cache_hits", "duration_sum_ms",
-                     *level_aggregates):
+                     "unknown_token_calls", "unleveled_tokens", *level_aggregates):
             entry[name] = row[name] or 0
         entry["latency_histogram"] = [row[f"b{i}"] for i in range(len(LATENCY_BUCKET_BOUNDS_MS) + 1)]
     if stats:
@@ -272,24 +278,13 @@ _SPAN_FACTS = {f"fact{i}": KeyTextTransform(key, "attributes") for i, key in enu
 _SPAN_CHUNK = 2_000
 
 
-def _count(value: Any) -> int:
-    """A non-negative whole number from an extracted attribute value, else 0."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return max(value, 0)
-    if isinstance(value, str) and value.isdigit() and len(value) < 19:
-        return int(value)
-    return 0
-
-
 def _add_span(entry: dict[str, Any], duration_ms: float, status_code: int, attributes: Any) -> None:
     attributes = attributes if isinstance(attributes, dict) else {}
     # Failed: status ERROR, or an error type (the GenAI conventions set error.type on failure).
     failed = status_code == SPAN_STATUS_ERROR or attributes.get("error.type") not in (None, "")
     entry["calls"] += 1
     entry["successes" if not failed else "errors"] += 1
-    entry["retries"] += _count(attributes.get("ba.retry_count"))
+    entry["retries"] += count_of(attributes.get("ba.retry_count")) or 0
     entry["cache_hits"] += 1 if attributes.get("ba.cache_hit") in (True, 1, "true", "1") else 0
     entry["duration_sum_ms"] += duration_ms or 0.0
     entry["latency_histogram"][bucket_index(duration_ms or 0.0)] += 1
@@ -297,10 +292,17 @@ def _add_span(entry: dict[str, Any], duration_ms: float, status_code: int, attri
         error_type = str(attributes.get("error.type") or "unknown")[:200]
         entry["error_types"][error_type] += 1
         entry["timeouts"] += 1 if error_type.lower() == "timeout" else 0
+    # No result is read here: a span-only call's tokens are the pipeline's count or unknown.
+    tokens = token_count_of(attributes.get("ba.observation_tokens"))
+    if tokens is None:
+        entry["unknown_token_calls"] += 1
+        return
     level = attributes.get("ba.output_level")
     if level in _LEVELS:
         entry[f"{level}_count"] += 1
-        entry[f"{level}_tokens"] += _count(attributes.get("ba.observation_tokens"))
+        entry[f"{level}_tokens"] += tokens
+    else:
+        entry["unleveled_tokens"] += tokens
 
 
 def hours_with_rows(*, project_id: int, since: datetime) -> set[datetime]:

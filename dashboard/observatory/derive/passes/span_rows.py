@@ -42,6 +42,7 @@ from dashboard.observatory.conventions import CHAT, EXECUTE_TOOL, MessageFact, s
 from dashboard.observatory.models import Conversation, Message, Round, Source, Span, ToolExecution, minute_of
 from dashboard.observatory.paging import keyset_pages
 from dashboard.observatory.rows import insert_ignoring_conflicts, update_rows, values_joined
+from pipeline import count_tokens
 
 from ..batch import Batch, Pass, received_window
 from ..notes import note_write
@@ -254,7 +255,8 @@ def _records_win(project_id: int, ids: list[int], minutes: set[datetime],
 # --- rounds and messages ------------------------------------------------------------------
 
 _SPAN_FIELDS = ("id", "conversation_id", "trace_id", "span_id", "start_time", "end_time", "duration_ms", "status_code",
-                "status_message", "attributes", "events", "resource", "tool_name", "tool_call_id", "received_at")
+                "status_message", "attributes", "events", "resource", "tool_name", "tool_call_id", "received_at",
+                "truncated")
 
 
 # A span as the passes read it: a model instance a span cost more than deriving from it.
@@ -273,10 +275,16 @@ def _new_turn(inputs: list[MessageFact]) -> list[MessageFact]:
 
 
 def _args(arguments: Any) -> dict[str, Any]:
+    """A call's arguments as an object: JSON text of one (as the GenAI conventions
+    send ``gen_ai.tool.call.arguments``) parsed, bounded (conventions.json_or_text);
+    anything else kept under "input" (text as text, clipped to TEXT_LIMIT)."""
+    arguments = conventions.json_or_text(arguments)
     if isinstance(arguments, dict):
         return arguments
     if arguments in (None, ""):
         return {}
+    if isinstance(arguments, str):
+        return {"input": arguments[: conventions.TEXT_LIMIT]}
     return {"input": arguments}
 
 
@@ -400,6 +408,7 @@ def _calls_by_round(project_id: int, conversation_ids: list[int], traces: set[st
     messages from the earliest one's on (message_conversation_index: a derived
     message's index follows its round's), never a conversation's history."""
     rounds_by_trace: dict[tuple[int, str], list[tuple[datetime, str]]] = defaultdict(list)
+    models: dict[tuple[int, str], str] = {}  # (conversation, round id) -> the round's model
     first: dict[int, int] = {}
     round_ids: set[tuple[int, str]] = set()
     wanted = set(conversation_ids)
@@ -408,12 +417,13 @@ def _calls_by_round(project_id: int, conversation_ids: list[int], traces: set[st
     for start in range(0, len(ordered), CHUNK):
         found += Round.objects.filter(project_id=project_id, trace_id__in=ordered[start:start + CHUNK],
                                       source=Source.SPAN).values_list(
-            "conversation_id", "trace_id", "started_at", "round_id", "index")
-    for conversation_id, trace_id, started_at, round_id, index in sorted(
+            "conversation_id", "trace_id", "started_at", "round_id", "index", "model")
+    for conversation_id, trace_id, started_at, round_id, index, model in sorted(
             found, key=lambda row: (row[2] is None, row[2])):
         if conversation_id not in wanted:
             continue
         rounds_by_trace[(conversation_id, trace_id)].append((started_at, round_id))
+        models[(conversation_id, round_id)] = model
         first[conversation_id] = min(index, first.get(conversation_id, index))
         round_ids.add((conversation_id, round_id))
     by_call: dict[tuple[int, str], tuple[str, str, dict[str, Any]]] = {}
@@ -429,7 +439,7 @@ def _calls_by_round(project_id: int, conversation_ids: list[int], traces: set[st
             if isinstance(call, dict) and call.get("id"):
                 by_call.setdefault((conversation_id, call["id"]),
                                    (round_id, call.get("name", ""), call.get("args") or {}))
-    return {"by_call": by_call, "by_trace": rounds_by_trace}
+    return {"by_call": by_call, "by_trace": rounds_by_trace, "models": models}
 
 
 def _round_before(calls: dict[str, Any], conversation_id: int, trace_id: str, moment: datetime) -> str:
@@ -494,21 +504,24 @@ def _tools_from(project_id: int, spans: list[Any], calls: dict[str, Any]) -> set
         if call_id:
             used.add((conversation_id, call_id))
         found = by_call.get((conversation_id, call_id))
-        arguments = found[2] if found else _args(facts.tool_arguments)
+        arguments = found[2] if found and found[2] else _args(facts.tool_arguments)  # the model's, else the span's
         failed = _failed(span, facts)
         attributes = span.attributes if isinstance(span.attributes, dict) else {}
         level = attributes.get("ba.output_level")
+        observation = _text(result)
+        # the model that reads the result: its round's, else the one the span names
+        model = calls["models"].get((conversation_id, round_id)) or facts.model
         rows.append(dict(
             project_id=project_id, conversation_id=conversation_id, occurred_at=span.start_time,
             received_at=span.received_at,
             source=Source.SPAN, record_id=record_id(project_id, span.trace_id, span.span_id, "tool"),
             round_id=round_id, trace_id=span.trace_id, span_id=span.span_id, linked_span_id=span.id,
             tool_name=(name or "unknown")[:_ID_MAX], parameters=arguments if isinstance(arguments, dict) else {},
-            model="", tool_call_id=call_id[:256], observation=_text(result)[: conventions.TEXT_LIMIT],
+            model=model[:_ID_MAX], tool_call_id=call_id[:256], observation=observation[: conventions.TEXT_LIMIT],
             output_level=level if level in ("brief", "standard", "full") else "",
             retry_count=_count(attributes.get("ba.retry_count")),
             cache_hit=attributes.get("ba.cache_hit") in (True, 1, "true"),
-            observation_tokens=_count(attributes.get("ba.observation_tokens")),
+            observation_tokens=_observation_tokens(span, attributes, facts.tool_result, observation, model),
             success=not failed, error_type=(facts.error_type or ("error" if failed else ""))[:200],
             error_message=_error_message(span) if failed else "", duration_ms=span.duration_ms,
         ))
@@ -572,6 +585,21 @@ def _error_message(span: Any) -> str:
 def _failed(span: Any, facts: Any) -> bool:
     """Status ERROR, or an error type (the GenAI conventions set error.type on failure)."""
     return span.status_code == ERROR or bool(facts.error_type)
+
+
+def _observation_tokens(span: Any, attributes: dict[str, Any], raw: Any, observation: str,
+                        model: str) -> int | None:
+    """The pipeline's own count when the span carries one (``ba.observation_tokens``);
+    else the result's tokens by the model's encoder, as the pipeline counts a record's
+    (pipeline.count_tokens), when the span holds the whole result; else None, unknown:
+    no result on the span, or one ingest cut to its limits."""
+    own = conventions.token_count_of(attributes.get("ba.observation_tokens"))
+    if own is not None:
+        return own
+    cut = raw.endswith(conventions.TRUNCATION_MARKER) if isinstance(raw, str) else span.truncated
+    if raw is None or cut:
+        return None
+    return count_tokens(observation, model) if model else count_tokens(observation)
 
 
 def _count(value: Any) -> int:
