@@ -499,7 +499,7 @@ def _event_tool_calls(value: Any) -> list[ToolCallFact]:
             continue
         function = item.get("function") if isinstance(item.get("function"), Mapping) else item
         calls.append(ToolCallFact(_text(item.get("id")), _text(function.get("name")),
-                                  _json_or_text(function.get("arguments"))))
+                                  json_or_text(function.get("arguments"))))
     return calls
 
 
