@@ -68,6 +68,29 @@ def test_it_counts_a_span_results_tokens_with_the_models_encoder(derived):
     assert (sql.model, sql.observation_tokens) == ("gpt-4o", count_tokens(OI_RESULT, "gpt-4o"))
 
 
+def test_results_are_counted_before_the_write_transaction(client, auth, project, monkeypatch):
+    """Encoding a 16 KiB result takes ~6 ms; in the transaction it held SQLite's write
+    lock. The counter is the real one, watched: every count of a result whose model
+    the pass can tell from the page runs outside a transaction, and what it stores is
+    what the pipeline counts."""
+    from django.db import connection
+
+    from dashboard.observatory.derive.passes import span_rows
+
+    depths: list[int] = []  # (the test's own transaction is the first level)
+
+    def watched(text, *model):
+        depths.append(len(connection.atomic_blocks))
+        return count_tokens(text, *model)
+
+    monkeypatch.setattr(span_rows, "count_tokens", watched)
+    outside = len(connection.atomic_blocks)
+    send(client, auth, *genai_conversation())
+    assert depths == [outside, outside]
+    assert ToolExecution.objects.get(tool_call_id="call_a").observation_tokens == count_tokens(RESULT, "gpt-4o")
+    assert ToolExecution.objects.get(tool_name="sql").observation_tokens == count_tokens(OI_RESULT, "gpt-4o")
+
+
 def test_a_call_of_no_round_is_counted_by_the_default_encoder(client, auth, project):
     send(client, auth, span("9" * 16, "t", gen_ai__operation__name="execute_tool", gen_ai__tool__name="alone",
                             gen_ai__tool__call__result=OI_RESULT, gen_ai__conversation__id="conv-alone"))

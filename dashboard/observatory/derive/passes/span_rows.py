@@ -148,7 +148,7 @@ def _conversations(project_id: int, ids: list[int], received: dict[str, datetime
         ) if calls else set()
         new_rounds = [span for span in chats if span.trace_id not in record_traces]
         # (a span a record links to is no candidate)
-        new_tools = [span for span in tools if span.tool_call_id not in record_calls]
+        new_tools = _tools_read([span for span in tools if span.tool_call_id not in record_calls], chats)
         yield_to_pages()  # a pass of many pages shares its process with the pages
         with transaction.atomic():
             renumber: set[int] = set()
@@ -475,22 +475,50 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _tools_from(project_id: int, spans: list[Any], calls: dict[str, Any]) -> set[datetime]:
-    """Tool executions of these tool spans (_SpanRow, in start order); returns the
-    minutes they fall in."""
-    rows, minutes = [], set()
-    by_call = calls["by_call"]
+# A tool span as _tools_from reads it: what the conventions say, the call it answers,
+# its result as text, and that text's tokens counted for the model it was guessed for.
+_ToolRead = namedtuple("_ToolRead", "span facts call_id observation counted")
+
+
+def _tools_read(spans: list[Any], chats: list[Any]) -> list[_ToolRead]:
+    """These tool spans read, and their results' tokens counted, before the write
+    transaction (on SQLite it holds the write lock, and encoding a 16 KiB result
+    takes ~6 ms): for the model the span names, else that of the page's last model
+    call of its trace that began before it, else the default. _tools_from counts
+    again, in the transaction, only a result whose round names another model."""
+    models: dict[tuple[int, str], list[tuple[Any, str]]] | None = None
     read = []
     for span in spans:
         facts = span_facts(span.attributes, span.resource, span.events)
         result, answered = _langchain_tool_message(facts.tool_result)
-        read.append((span, facts, result, facts.tool_call_id or answered))
-    used = _used_calls(project_id, {s.conversation_id for s in spans},
-                       {item[3] for item in read if item[3]} | _open_calls(calls))
+        observation = _text(result)
+        counted = None
+        if _countable(span, facts.tool_result):
+            model = facts.model
+            if not model:
+                if models is None:
+                    models = defaultdict(list)
+                    for chat in sorted(chats, key=lambda chat: chat.start_time):
+                        models[(chat.conversation_id, chat.trace_id)].append(
+                            (chat.start_time, span_facts(chat.attributes, chat.resource).model))
+                model = next((named for began, named in reversed(models.get((span.conversation_id, span.trace_id), []))
+                              if named and began <= span.start_time), "")
+            counted = (model, count_tokens(observation, model) if model else count_tokens(observation))
+        read.append(_ToolRead(span, facts, facts.tool_call_id or answered, observation, counted))
+    return read
+
+
+def _tools_from(project_id: int, read: list[_ToolRead], calls: dict[str, Any]) -> set[datetime]:
+    """Tool executions of these tool spans (read by _tools_read, in start order);
+    returns the minutes they fall in."""
+    rows, minutes = [], set()
+    by_call = calls["by_call"]
+    used = _used_calls(project_id, {item.span.conversation_id for item in read},
+                       {item.call_id for item in read if item.call_id} | _open_calls(calls))
     # Spans that name their call first: a guess by name must not take a call that
     # another span of the batch answers.
-    read.sort(key=lambda item: (not item[3], item[0].start_time, item[0].id))
-    for span, facts, result, call_id in read:
+    read = sorted(read, key=lambda item: (not item.call_id, item.span.start_time, item.span.id))
+    for span, facts, call_id, observation, counted in read:
         conversation_id = span.conversation_id
         name = facts.tool_name or span.tool_name
         if call_id and (conversation_id, call_id) in by_call:
@@ -508,7 +536,6 @@ def _tools_from(project_id: int, spans: list[Any], calls: dict[str, Any]) -> set
         failed = _failed(span, facts)
         attributes = span.attributes if isinstance(span.attributes, dict) else {}
         level = attributes.get("ba.output_level")
-        observation = _text(result)
         # the model that reads the result: its round's, else the one the span names
         model = calls["models"].get((conversation_id, round_id)) or facts.model
         rows.append(dict(
@@ -521,7 +548,7 @@ def _tools_from(project_id: int, spans: list[Any], calls: dict[str, Any]) -> set
             output_level=level if level in ("brief", "standard", "full") else "",
             retry_count=_count(attributes.get("ba.retry_count")),
             cache_hit=attributes.get("ba.cache_hit") in (True, 1, "true"),
-            observation_tokens=_observation_tokens(span, attributes, facts.tool_result, observation, model),
+            observation_tokens=_observation_tokens(span, attributes, facts.tool_result, observation, model, counted),
             success=not failed, error_type=(facts.error_type or ("error" if failed else ""))[:200],
             error_message=_error_message(span) if failed else "", duration_ms=span.duration_ms,
         ))
@@ -587,18 +614,29 @@ def _failed(span: Any, facts: Any) -> bool:
     return span.status_code == ERROR or bool(facts.error_type)
 
 
+def _countable(span: Any, raw: Any) -> bool:
+    """Whether a tool span's result is counted: it holds no count of the pipeline's
+    own and the whole result (one ingest cut to its limits is not)."""
+    attributes = span.attributes if isinstance(span.attributes, dict) else {}
+    if conventions.token_count_of(attributes.get("ba.observation_tokens")) is not None or raw is None:
+        return False
+    return not (raw.endswith(conventions.TRUNCATION_MARKER) if isinstance(raw, str) else span.truncated)
+
+
 def _observation_tokens(span: Any, attributes: dict[str, Any], raw: Any, observation: str,
-                        model: str) -> int | None:
+                        model: str, counted: tuple[str, int] | None = None) -> int | None:
     """The pipeline's own count when the span carries one (``ba.observation_tokens``);
     else the result's tokens by the model's encoder, as the pipeline counts a record's
     (pipeline.count_tokens), when the span holds the whole result; else None, unknown:
-    no result on the span, or one ingest cut to its limits."""
+    no result on the span, or one ingest cut to its limits. ``counted``: (model, tokens)
+    counted before the transaction, taken when for this model."""
     own = conventions.token_count_of(attributes.get("ba.observation_tokens"))
     if own is not None:
         return own
-    cut = raw.endswith(conventions.TRUNCATION_MARKER) if isinstance(raw, str) else span.truncated
-    if raw is None or cut:
+    if not _countable(span, raw):
         return None
+    if counted is not None and counted[0] == model:
+        return counted[1]
     return count_tokens(observation, model) if model else count_tokens(observation)
 
 
