@@ -156,6 +156,10 @@ class Round(_RecordRow):
         indexes = [
             models.Index(fields=["conversation", "index"], name="round_conversation_index"),
             models.Index(fields=["project", "trace_id"], name="round_project_trace"),  # span linking
+            # the rounds a batch brought (derive.passes.totals: _scoped_rounds, span_rows:
+            # _records_win); by round_conversation_index those read every round of the
+            # batch's conversations, so a long conversation cost its history
+            models.Index(fields=["conversation", "received_at"], name="round_conversation_received"),
         ]
 
 

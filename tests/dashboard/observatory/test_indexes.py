@@ -327,3 +327,34 @@ def test_ingest_finds_a_batch_s_traces_by_the_trace_table_s_unique_key(project):
     # SQLite names the unique constraint's index itself
     index = "sqlite_autoindex_observatory_traceconversation_1" if connection.vendor == "sqlite" else "trace_conversation_unique"
     assert re.search(rf"SEARCH \S*\s*USING (COVERING )?INDEX {index} \(.*trace_id", plan), plan
+
+
+def test_a_batchs_rounds_are_found_through_the_received_index_not_the_conversations_history(project):
+    """The totals pass after batches derives the rounds they brought: found by when
+    they were received (round_conversation_received), not by reading every round of
+    each conversation (round_conversation_index) and filtering: that cost a long
+    conversation its history on every batch."""
+    import uuid as uuid_module
+
+    from dashboard.observatory.derive.batch import received_window
+    from dashboard.observatory.models import Round
+
+    conversation = Conversation.objects.create(project=project, external_id="c")
+    earlier = NOW - timedelta(hours=1)
+
+    def round_(index: int, received) -> Round:
+        return Round(project=project, conversation=conversation, record_id=uuid_module.uuid4(), occurred_at=received,
+                     received_at=received, round_id=f"r{index}", index=index)
+
+    Round.objects.bulk_create([round_(i, earlier) for i in range(300)])  # the history
+    new = Round.objects.create(project=project, conversation=conversation, record_id=uuid_module.uuid4(),
+                               occurred_at=NOW, received_at=NOW, round_id="r300", index=300)
+    scope = totals.Scope(received=received_window(NOW - timedelta(seconds=1), NOW + timedelta(seconds=1)))
+    with CaptureQueriesContext(connection) as captured:
+        found = totals._scoped_rounds([conversation.pk], {project.pk}, scope)
+    assert found == {conversation.pk: {new.pk}}
+    reads = [q["sql"] for q in captured.captured_queries if 'FROM "observatory_round"' in q["sql"]]
+    assert reads
+    for sql in reads:
+        assert any(re.search(r"USING (COVERING )?INDEX round_conversation_received\b", line)
+                   for line in plan_lines(sql)), (plan_lines(sql), sql)
