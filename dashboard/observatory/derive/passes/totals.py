@@ -244,36 +244,44 @@ def _conversation_totals_read(ids: list[int], slices: _SlicesRead, scope: Scope 
 
 
 SCOPE_CHUNK = 500
+SCOPE_IDS = 5_000  # conversations an IN list of the received rounds' query holds (one index probe each)
 
 
 def _scoped_rounds(ids: list[int], projects: set[int], scope: Scope) -> dict[int, set[int]]:
     """Per conversation not in ``scope.whole``, the pks of its rounds the scope names
     and of the rounds its tool executions received in the window belong to (those
-    through toolexec_project_received: never a conversation's history of calls)."""
+    through toolexec_project_received: never a conversation's history of calls).
+
+    The linked traces and the window's tool executions are read once for all the
+    conversations (kept when they are one of them): read per 500 conversations, a
+    batch of 3,000 read them six times (bench_span_rows --conversations 3000)."""
     part = [pk for pk in ids if pk not in scope.whole]
     found: dict[int, set[int]] = {pk: set() for pk in part}
     named: set[tuple[int, str]] = set()
     traces = sorted(scope.traces)
-    for start in range(0, len(part), SCOPE_CHUNK):
-        chunk = part[start:start + SCOPE_CHUNK]
-        for query in [Round.objects.filter(conversation_id__in=chunk, **scope.received)] + [
-            Round.objects.filter(project_id__in=projects, trace_id__in=traces[i:i + SCOPE_CHUNK],
-                                 conversation_id__in=chunk) for i in range(0, len(traces), SCOPE_CHUNK)
-        ]:
-            for pk, conversation_id, round_id in query.values_list("pk", "conversation_id", "round_id"):
+    queries = [Round.objects.filter(conversation_id__in=part[i:i + SCOPE_IDS], **scope.received)
+               for i in range(0, len(part), SCOPE_IDS)] + [
+        Round.objects.filter(project_id__in=projects, trace_id__in=traces[i:i + SCOPE_CHUNK])
+        for i in range(0, len(traces), SCOPE_CHUNK)] if part else []
+    for query in queries:
+        for pk, conversation_id, round_id in query.values_list("pk", "conversation_id", "round_id"):
+            if conversation_id in found:
                 found[conversation_id].add(pk)
                 named.add((conversation_id, round_id))
-        calls = set(ToolExecution.objects.filter(project_id__in=projects, conversation_id__in=chunk,
-                                                 **scope.received).exclude(round_id="")
-                    .values_list("conversation_id", "round_id")) - named
-        # rounds of earlier batches that calls of this one belong to (records, mostly)
-        for i in range(0, len(calls), SCOPE_CHUNK):
-            some = sorted(calls)[i:i + SCOPE_CHUNK]
-            for pk, conversation_id, round_id in Round.objects.filter(
-                conversation_id__in={c for c, _ in some}, round_id__in={r for _, r in some}
-            ).values_list("pk", "conversation_id", "round_id"):
-                if (conversation_id, round_id) in calls:
-                    found[conversation_id].add(pk)
+    calls = {
+        (conversation_id, round_id) for conversation_id, round_id in
+        ToolExecution.objects.filter(project_id__in=projects, **scope.received).exclude(round_id="")
+        .values_list("conversation_id", "round_id") if conversation_id in found
+    } - named if part else set()
+    # rounds of earlier batches that calls of this one belong to (records, mostly)
+    ordered = sorted(calls)
+    for i in range(0, len(ordered), SCOPE_CHUNK):
+        some = ordered[i:i + SCOPE_CHUNK]
+        for pk, conversation_id, round_id in Round.objects.filter(
+            conversation_id__in={c for c, _ in some}, round_id__in={r for _, r in some}
+        ).values_list("pk", "conversation_id", "round_id"):
+            if (conversation_id, round_id) in calls:
+                found[conversation_id].add(pk)
     return found
 
 
