@@ -80,9 +80,19 @@ def scores_filtered(project: Project, filters: ScoreFilters) -> QuerySet[Score]:
         rows = rows.filter(negative=False)
     if filters.linked is not None:
         rows = rows.filter(LINKED) if filters.linked else rows.exclude(LINKED)
+    return with_edit_count(rows)
+
+
+def with_edit_count(rows: QuerySet[Score]) -> QuerySet[Score]:
+    """``rows`` with each score's ``edit_count`` (how many ScoreEdit rows it has)."""
     # A count per row returned (a correlated subquery), not a GROUP BY over every score.
     edits = ScoreEdit.objects.filter(score=OuterRef("pk")).values("score").annotate(n=Count("id")).values("n")
     return rows.annotate(edit_count=Coalesce(Subquery(edits, output_field=IntegerField()), Value(0)))
+
+
+def score_edits(score: Score) -> list[ScoreEdit]:
+    """A score's edits, oldest first (who, through what, when, each field before and after)."""
+    return list(ScoreEdit.objects.filter(score=score).order_by("changed_at", "id"))
 
 
 # --- the pages ----------------------------------------------------------------------
@@ -145,7 +155,8 @@ def traces_scored(project: Project, match: ScoreMatch) -> tuple[QuerySet[Score],
 
 
 def scores_of_conversation(conversation: Conversation) -> list[Score]:
-    return list(Score.objects.filter(conversation=conversation).order_by("occurred_at", "id")[:PAGE_SCORES_LIMIT])
+    rows = with_edit_count(Score.objects.filter(conversation=conversation))
+    return list(rows.order_by("occurred_at", "id")[:PAGE_SCORES_LIMIT])
 
 
 def scores_of_conversations(conversation_ids: list[int]) -> dict[int, list[Score]]:
@@ -161,7 +172,7 @@ def scores_of_trace(project: Project, trace_id: str) -> list[Score]:
     # an OR of the two conditions would read every score of the project.
     by_trace = Score.objects.filter(project=project, trace_id=trace_id).exclude(trace_id="").values("pk")
     by_round = Score.objects.filter(round__in=Round.objects.filter(project=project, trace_id=trace_id).values("pk"))
-    rows = Score.objects.filter(pk__in=by_trace.union(by_round.values("pk")))
+    rows = with_edit_count(Score.objects.filter(pk__in=by_trace.union(by_round.values("pk"))))
     return list(rows.select_related("round").order_by("occurred_at", "id")[:PAGE_SCORES_LIMIT])
 
 

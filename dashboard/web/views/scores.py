@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from dashboard.accounts.models import Membership, Project
 from dashboard.judging.models import Score, ScoreConfig
 from dashboard.judging.rules import ScoreKind
-from dashboard.judging.selectors import score_groups, score_summary
+from dashboard.judging.selectors import score_edits, score_groups, score_summary, with_edit_count
 from dashboard.judging.services import ScoreRefused, score_from_page, score_hours_refresh
 from dashboard.observatory.models import Conversation, Round, ToolExecution
 from pipeline import ScoreRecord
@@ -126,7 +126,7 @@ def scores_on(item: Judged) -> list[Score]:
         rows = Score.objects.filter(tool_execution=item.obj)
     else:
         rows = Score.objects.filter(conversation=item.obj, round__isnull=True, tool_execution__isnull=True)
-    return list(rows.order_by("occurred_at", "id"))
+    return list(with_edit_count(rows).order_by("occurred_at", "id"))
 
 
 class _Refused(Exception):
@@ -224,6 +224,26 @@ def score_form(request: HttpRequest, project: Project) -> HttpResponse:
     judged(project, form.cleaned_data["target"], form.cleaned_data["object"])  # 404 for another project's
     return render(request, "web/partials/score_choices.html",
                   {"score_picks": score_picks(list(ScoreConfig.objects.filter(project=project)))})
+
+
+@project_page
+def score_edit_history(request: HttpRequest, project: Project, pk: int) -> HttpResponse:
+    """The htmx partial: one score's edits (who changed what, when), for anyone who sees the score."""
+    score = get_object_or_404(Score.objects.only("id", "project_id", "kind"), project=project, pk=pk)
+    edits = [(edit, [(name, _shown(score, name, before), _shown(score, name, after))
+                     for name, (before, after) in edit.changes.items()]) for edit in score_edits(score)]
+    return render(request, "web/partials/score_edits.html", {"score": score, "edits": edits})
+
+
+def _shown(score: Score, field: str, value: Any) -> str:
+    """A changed field's value as the score's own is shown (a boolean's 1/0 as true/false)."""
+    if value is None or value == "":
+        return "—"
+    if field == "value" and score.kind == ScoreKind.BOOLEAN:
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 # --- the summary --------------------------------------------------------------------

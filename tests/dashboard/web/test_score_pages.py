@@ -192,6 +192,57 @@ def test_the_choices_of_another_projects_round_are_a_404(client_in, project, oth
     assert response.status_code == 404
 
 
+def edits_link(body, score):
+    return re.search(rf'<a [^>]*href="([^"]*/scores/{score.pk}/edits/)"[^>]*data-testid="score-edited"[^>]*>'
+                     r'\s*edited (\d+)×', body)
+
+
+def test_an_edited_score_shows_how_often_and_its_history_on_demand(client_in, project, member, conversation):
+    round1 = Round.objects.get(conversation=conversation, round_id="conv-1-r1")
+    add(client_in, project, target="round", object=round1.pk, thumb="up", comment="clear")
+    score = Score.objects.get()
+    assert edits_link(timeline(client_in, conversation), score) is None  # never edited: nothing to show
+    add(client_in, project, target="round", object=round1.pk, thumb="down", comment=HOSTILE)
+    api_scores(project, {"score_id": "api-1", "name": "stars", "value": 2, "conversation_id": "conv-1"},)
+    api_scores(project, {"score_id": "api-1", "name": "stars", "value": 4, "conversation_id": "conv-1",
+                         "comment": HOSTILE})
+    stars = Score.objects.get(score_id="api-1")
+    body = timeline(client_in, conversation)
+    found = edits_link(body, score)
+    assert found and found.group(2) == "1" == str(ScoreEdit.objects.filter(score=score).count())
+    assert edits_link(body, stars).group(2) == "1"
+    history = client_in.get(found.group(1), HTTP_HX_REQUEST="true")
+    assert history.status_code == 200
+    text = history.content.decode()
+    assert text.count('data-testid="score-edit"') == 1 and "ana" in text
+    assert "true" in text and "false" in text  # the value before and after
+    assert HOSTILE not in text and "&lt;script&gt;" in text
+
+
+def test_the_trace_page_shows_a_scores_edits(client_in, project, conversation):
+    trace = "ab" * 16
+    add_span(project, trace, "1" * 16, "agent")
+    for value in (0.2, 0.5, 0.9):
+        api_scores(project, {"score_id": "rel", "name": "relevance", "value": value, "trace_id": trace,
+                             "span_id": "1" * 16})
+    score = Score.objects.get(score_id="rel")
+    body = client_in.get(reverse("web:trace", args=[project.slug, trace])).content.decode()
+    assert edits_link(body, score).group(2) == "2"
+    text = client_in.get(edits_link(body, score).group(1)).content.decode()
+    assert text.count('data-testid="score-edit"') == 2 and "0.2" in text and "0.9" in text
+
+
+def test_another_projects_score_history_is_a_404(client, client_in, project, other_project, stranger):
+    api_scores(other_project, {"score_id": "x", "name": "stars", "value": 1, "conversation_id": "c"})
+    api_scores(other_project, {"score_id": "x", "name": "stars", "value": 2, "conversation_id": "c"})
+    theirs = Score.objects.get(project=other_project)
+    assert client_in.get(reverse("web:score_edits", args=[project.slug, theirs.pk])).status_code == 404
+    assert client_in.get(reverse("web:score_edits", args=[other_project.slug, theirs.pk])).status_code == 404
+    assert client_in.get(f"/p/{project.slug}/scores/99999999999999999999999/edits/").status_code == 404
+    client.force_login(stranger)
+    assert client.get(reverse("web:score_edits", args=[other_project.slug, theirs.pk])).status_code == 200
+
+
 # --- shown elsewhere ---------------------------------------------------------------------
 
 
