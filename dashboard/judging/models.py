@@ -351,3 +351,25 @@ class ScoreHourChanged(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["project", "hour"], name="score_hour_changed")]
+
+
+class EvaluationRefusal(models.Model):
+    """How many OpenTelemetry ``gen_ai.evaluation.result`` events of one score name
+    (``name`` "": events with no name) the project's ingest refused, and why the last
+    one was. The exporter is told in the answer (``partial_success``), but SDKs log
+    it at best: this is where the admin and the scores page show it. Counted in the
+    batch's own transaction (judging.services.evaluation_refusals_count)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
+    name = models.CharField(max_length=ID_LENGTH, blank=True)
+    count = models.PositiveBigIntegerField(default=0)
+    last_reason = models.CharField(max_length=300, blank=True)
+    first_at = models.DateTimeField(default=timezone.now)
+    last_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-last_at", "name"]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="evaluation_refusal_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.name or '(no name)'}: {self.count} refused"

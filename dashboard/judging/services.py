@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, Max, OuterRef, Q, QuerySet
+from django.db.models import Exists, F, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from dashboard.accounts.models import ApiKey, Project
@@ -29,6 +29,7 @@ from .links import CHUNK, targets_resolve
 from .models import (
     Dataset,
     DatasetItem,
+    EvaluationRefusal,
     ReviewItem,
     ReviewQueue,
     ReviewStatus,
@@ -217,6 +218,26 @@ def score_from_page(*, project: Project, user: AbstractBaseUser, record: ScoreRe
     if outcome.scores:
         return outcome.scores[0]
     return Score.objects.get(project=project, score_id=record.score_id)
+
+
+def evaluation_refusals_count(*, project: Project, refusals: Sequence[tuple[str, str]]) -> None:
+    """Count refused ``gen_ai.evaluation.result`` events, (score name, reason) each,
+    per name with the last reason, in the caller's transaction."""
+    by_name: dict[str, tuple[int, str]] = {}
+    for name, reason in refusals:
+        count, _ = by_name.get(name[:200], (0, ""))
+        by_name[name[:200]] = (count + 1, reason[:ERROR_LENGTH])
+    now = timezone.now()
+    for name, (count, reason) in sorted(by_name.items()):
+        rows = EvaluationRefusal.objects.filter(project=project, name=name)
+        if rows.update(count=F("count") + count, last_reason=reason, last_at=now):
+            continue
+        try:
+            with transaction.atomic():
+                EvaluationRefusal.objects.create(project=project, name=name, count=count, last_reason=reason,
+                                                 first_at=now, last_at=now)
+        except IntegrityError:  # counted by a concurrent batch since we looked
+            rows.update(count=F("count") + count, last_reason=reason, last_at=now)
 
 
 def score_delete(*, score: Score) -> None:

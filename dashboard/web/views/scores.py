@@ -26,7 +26,7 @@ from django.views.decorators.http import require_POST
 from pydantic import ValidationError
 
 from dashboard.accounts.models import Membership, Project
-from dashboard.judging.models import Score, ScoreConfig
+from dashboard.judging.models import EvaluationRefusal, Score, ScoreConfig
 from dashboard.judging.rules import ScoreKind
 from dashboard.judging.selectors import score_edits, score_groups, score_summary, with_edit_count
 from dashboard.judging.services import ScoreRefused, score_from_page, score_hours_refresh
@@ -282,6 +282,7 @@ def score_overview(request: HttpRequest, project: Project) -> HttpResponse:
         "by_tool": score_groups(project, since=since, until=until, by="tool"),
         "by_model": score_groups(project, since=since, until=until, by="model"),
         "configs": ScoreConfig.objects.filter(project=project),
+        "refusals": EvaluationRefusal.objects.filter(project=project)[:50],
     })
 
 
