@@ -286,7 +286,8 @@ def score_hours(project: Project, since: datetime, until: datetime) -> list[Scor
 def score_summary(project: Project, *, since: datetime, until: datetime, bucket: str) -> list[NameSummary]:
     """Per score name, over [since, until) (whole hours): count, mean, negatives,
     distribution (labels, true/false, each value, or HISTOGRAM_BINS equal bins of the
-    values) and per ``bucket`` ("hour" or "day") the count and mean. From the hourly
+    values) and per ``bucket`` ("hour" or "day") the count and mean, every bucket of
+    the range (one with no score: count 0, mean None; ``bucket_starts``). From the hourly
     rows (score_hours), which are sums of the score rows."""
     names: dict[str, NameSummary] = {}
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -315,13 +316,29 @@ def score_summary(project: Project, *, since: datetime, until: datetime, bucket:
             counts[row.name] = merged
         else:
             counts[row.name] = None
+    buckets = bucket_starts(since, until, bucket)
     for name, summary in names.items():
         total, valued = sums[name]
         summary.mean = total / valued if valued else None
-        summary.series = [(start, int(n), value_sum / valued if valued else None)
-                          for start, (n, value_sum, valued) in sorted(series[name].items())]
+        points = series[name]
+        summary.series = [(start, int(points[start][0]), points[start][1] / points[start][2] if start in points
+                           and points[start][2] else None) for start in buckets]
         summary.distribution = _distribution(project, name, since, until, counts.get(name), ranges.get(name))
     return sorted(names.values(), key=lambda summary: summary.name)
+
+
+def bucket_starts(since: datetime, until: datetime, bucket: str) -> list[datetime]:
+    """Every bucket of [since, until) in order, those with no score too (a chart's
+    time axis is true): whole hours, or UTC days (the first one holding ``since``)."""
+    step = HOUR if bucket == "hour" else timedelta(days=1)
+    start = since.replace(minute=0, second=0, microsecond=0)
+    if bucket != "hour":
+        start = start.replace(hour=0)
+    starts = []
+    while start < until:
+        starts.append(start)
+        start += step
+    return starts
 
 
 def _distribution(project: Project, name: str, since: datetime, until: datetime,
