@@ -186,8 +186,11 @@ class ScoreEdit(models.Model):
 
 class ReviewQueue(models.Model):
     """A named list of conversations to review, filled from the conversation list's
-    filters (``query``, the list's query string, kept so the queue can be refilled
-    with what has matched since)."""
+    filters. ``query`` is the list's query string as the user gave it (a relative
+    start, ``within=24h``, stays relative): the queue shows it in words, and a refill
+    reads it again as of then, adding what matches now. The items are a snapshot: a
+    conversation added stays in the queue when it no longer matches. ``filled_at``:
+    the last fill (the time a relative filter was read at)."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="review_queues", db_index=False)
     name = models.CharField(max_length=100)
@@ -196,6 +199,7 @@ class ReviewQueue(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                                    related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
+    filled_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name", "id"]

@@ -255,22 +255,26 @@ class ReviewError(ValueError):
 
 
 def review_queue_create(*, project: Project, name: str, query: str, conversations: QuerySet[Conversation],
-                        user: AbstractBaseUser, description: str = "") -> ReviewQueue:
+                        user: AbstractBaseUser, description: str = "", now: datetime | None = None) -> ReviewQueue:
     """A queue named ``name`` filled with ``conversations`` (the list's filtered
-    rows, in its order), at most MAX_QUEUE_ITEMS of them."""
+    rows, in its order, read as of ``now``), at most MAX_QUEUE_ITEMS of them."""
     try:
         with transaction.atomic():
             queue = ReviewQueue.objects.create(project=project, name=name, query=query, created_by=user,
                                                description=description)
-            review_queue_fill(queue=queue, conversations=conversations)
+            review_queue_fill(queue=queue, conversations=conversations, now=now)
     except IntegrityError:
         raise ReviewError(f"There is a queue named {name!r} already.") from None
     return queue
 
 
-def review_queue_fill(*, queue: ReviewQueue, conversations: QuerySet[Conversation]) -> int:
-    """Add the conversations not in the queue yet, after its last item; returns how many."""
+def review_queue_fill(*, queue: ReviewQueue, conversations: QuerySet[Conversation],
+                      now: datetime | None = None) -> int:
+    """Add the conversations not in the queue yet, after its last item, and note the
+    fill's time (``now``: when the filters were read); returns how many."""
     with transaction.atomic():
+        queue.filled_at = now or timezone.now()
+        ReviewQueue.objects.filter(pk=queue.pk).update(filled_at=queue.filled_at)
         last = ReviewItem.objects.filter(queue=queue).aggregate(last=Max("position"))["last"]
         start = 0 if last is None else last + 1
         present = ReviewItem.objects.filter(queue=queue, conversation=OuterRef("pk"))
