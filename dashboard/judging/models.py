@@ -271,7 +271,8 @@ class Dataset(models.Model):
 
 class DatasetItem(models.Model):
     """One case. ``input``: the user message, the context the model saw (messages)
-    and the tools it could call; ``output``: what it answered and called, as
+    and ``tools_offered`` to the model (where a span said) or else ``tools_called``;
+    ``output``: what it answered and called, as
     recorded; ``expected_output``: what it should have (editable, any JSON). The
     source rows stay linked while they exist; ``source`` keeps their ids as text.
     ``item_id`` is unique in the dataset: adding the same round twice, or importing

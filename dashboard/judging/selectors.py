@@ -30,7 +30,8 @@ from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
-from dashboard.observatory.models import Conversation, Message, Round, ToolExecution
+from dashboard.observatory.conventions import tools_offered
+from dashboard.observatory.models import Conversation, Message, Round, Span, ToolExecution
 
 from .models import DatasetItem, ReviewItem, ReviewStatus, Score, ScoreEdit, ScoreHour, ScoreHourChanged, ScoreTarget
 from .rules import ScoreKind
@@ -515,11 +516,57 @@ def _item_key(*parts: str) -> str:
     return f"{parts[0]}:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
+TRACE_SPANS_READ = 500  # spans of a round's trace read at most to find the tools offered
+
+
+def tools_offered_to_rounds(rounds: list[Round]) -> dict[int, list[dict[str, Any]]]:
+    """Round pk -> the tools its model call was offered, where a span says so
+    (``conventions.tools_offered``: GenAI ``gen_ai.tool.definitions``, OpenInference
+    ``llm.tools``, OpenLLMetry ``llm.request.functions``): the round's own span, else
+    the first span of its trace in the round's time that says. Records carry no tool
+    list: a round only recorded is absent. Two queries."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    if not rounds:
+        return found
+    project_id = rounds[0].project_id
+    own = {(r.trace_id, r.span_id): r for r in rounds if r.trace_id and r.span_id}
+    if own:
+        spans = Span.objects.filter(project_id=project_id, trace_id__in={t for t, _ in own},
+                                    span_id__in={s for _, s in own}).values_list("trace_id", "span_id", "attributes")
+        for trace_id, span_id, attributes in spans:
+            round_ = own.get((trace_id, span_id))
+            tools = tools_offered(attributes) if round_ is not None else None
+            if tools:
+                found[round_.pk] = tools
+    rest = [r for r in rounds if r.pk not in found and r.trace_id]
+    if rest:
+        spans = list(Span.objects.filter(project_id=project_id, trace_id__in={r.trace_id for r in rest})
+                     .order_by("start_time", "span_id").values_list("trace_id", "start_time", "attributes")
+                     [:TRACE_SPANS_READ])
+        for round_ in rest:
+            for trace_id, start, attributes in spans:
+                if trace_id != round_.trace_id or (round_.started_at and start < round_.started_at) or (
+                        round_.ended_at and start > round_.ended_at):
+                    continue
+                tools = tools_offered(attributes)
+                if tools:
+                    found[round_.pk] = tools
+                    break
+    return found
+
+
+def _tools_input(offered: Optional[list[dict[str, Any]]], called: list[str]) -> dict[str, Any]:
+    """What a case says of tools: those offered to the model where a span said so,
+    else only those the agent called (named so: the model may have had others)."""
+    return {"tools_offered": offered} if offered else {"tools_called": called}
+
+
 def cases_of_rounds(rounds: list[Round]) -> list[DatasetCase]:
     """Each round as a case: the context the model saw when the round began (the
-    messages of the rounds before it, and the round's user message), the tools the
-    conversation's agent called, and what the round answered and called. A
-    constant number of queries per conversation."""
+    messages of the rounds before it, and the round's user message), the tools
+    offered to the model (``tools_offered``, where a span says; else
+    ``tools_called``: those the conversation's agent called), and what the round
+    answered and called. A constant number of queries per conversation."""
     cases = []
     by_conversation: dict[int, list[Round]] = defaultdict(list)
     for round_ in rounds:
@@ -532,7 +579,8 @@ def cases_of_rounds(rounds: list[Round]) -> list[DatasetCase]:
         executions = list(ToolExecution.objects.filter(conversation_id=conversation_id).order_by(
             "occurred_at", "id").values("round_id", "tool_name", "parameters", "success", "observation",
                                         "error_type"))
-        tools = sorted({e["tool_name"] for e in executions})
+        called = sorted({e["tool_name"] for e in executions})
+        offered = tools_offered_to_rounds(chosen)
         for round_ in chosen:
             earlier = [m for m in messages if order.get(m["round_id"], -1) < round_.index]
             context = [_message(m) for m in earlier][-CASE_MESSAGES:]
@@ -541,7 +589,8 @@ def cases_of_rounds(rounds: list[Round]) -> list[DatasetCase]:
                      for e in executions if e["round_id"] == round_.round_id][:CASE_TOOL_CALLS]
             cases.append(DatasetCase(
                 item_id=_item_key("round", conversation.external_id, round_.round_id),
-                input={"user_message": _text(round_.user_message), "messages": context, "tools": tools},
+                input={"user_message": _text(round_.user_message), "messages": context,
+                       **_tools_input(offered.get(round_.pk), called)},
                 output={"final_answer": None if round_.final_answer is None else _text(round_.final_answer),
                         "tool_calls": calls, "status": round_.status},
                 source={"conversation_id": conversation.external_id, "round_id": round_.round_id,
@@ -562,18 +611,27 @@ def _message(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def cases_of_conversations(conversations: list[Conversation]) -> list[DatasetCase]:
-    """Each conversation as a case: its user messages in order and the tools its
-    agent called as input; its answers and tool calls as output."""
+    """Each conversation as a case: its user messages in order and the tools offered
+    to its model (all its rounds', by name, where spans say; else the tools its agent
+    called) as input; its answers and tool calls as output."""
     cases = []
     for conversation in conversations:
-        rounds = list(Round.objects.filter(conversation=conversation).order_by("index", "id")
-                      .values("round_id", "user_message", "final_answer", "status"))
+        round_rows = list(Round.objects.filter(conversation=conversation).order_by("index", "id").only(
+            "id", "project_id", "round_id", "trace_id", "span_id", "started_at", "ended_at", "user_message",
+            "final_answer", "status"))
+        offered_by_name: dict[str, dict[str, Any]] = {}
+        offered = tools_offered_to_rounds(round_rows)
+        for round_ in round_rows:  # in the rounds' order
+            for tool in offered.get(round_.pk, []):
+                offered_by_name.setdefault(tool["name"], tool)
+        rounds = [{"round_id": r.round_id, "user_message": r.user_message, "final_answer": r.final_answer,
+                   "status": r.status} for r in round_rows]
         executions = list(ToolExecution.objects.filter(conversation=conversation).order_by("occurred_at", "id")
                           .values("round_id", "tool_name", "parameters", "success")[:CASE_TOOL_CALLS])
         cases.append(DatasetCase(
             item_id=_item_key("conversation", conversation.external_id),
             input={"user_messages": [_text(r["user_message"]) for r in rounds],
-                   "tools": sorted({e["tool_name"] for e in executions})},
+                   **_tools_input(list(offered_by_name.values()), sorted({e["tool_name"] for e in executions}))},
             output={"final_answers": [None if r["final_answer"] is None else _text(r["final_answer"])
                                       for r in rounds],
                     "tool_calls": [{"round_id": e["round_id"], "tool": e["tool_name"], "arguments": e["parameters"],
