@@ -44,7 +44,7 @@ from ..forms import ConversationFilterForm
 from ..selectors.scores import scores_attach
 from ..services import saved_view_query
 from .conversations import filtered_conversations
-from .scores import may_judge, require_judge, widget_urls
+from .scores import may_judge, named_create, require_judge, widget_urls
 
 ITEMS_SHOWN = 200
 
@@ -80,24 +80,17 @@ def _queue(project: Project, pk: int) -> ReviewQueue:
 
 @project_page
 def review_queue_list(request: HttpRequest, project: Project) -> HttpResponse:
-    form = QueueForm()
-    status = 200
-    if request.method == "POST":
-        require_judge(request, project)
-        form = QueueForm(request.POST)
-        if form.is_valid():
-            data = form.cleaned_data
-            now = timezone.now()
-            try:
-                queue = review_queue_create(project=project, name=data["name"], query=data["query"],
-                                            description=data["description"], user=request.user,
-                                            conversations=_listed(project, data["filters"], now), now=now)
-            except ReviewError as exc:
-                form.add_error("name", str(exc))
-            else:
-                messages.success(request, f"Made the queue “{queue.name}”.")
-                return redirect("web:review_queue", project_slug=project.slug, pk=queue.pk)
-        status = 400
+    def create(data: dict) -> HttpResponse:
+        now = timezone.now()
+        queue = review_queue_create(project=project, name=data["name"], query=data["query"],
+                                    description=data["description"], user=request.user,
+                                    conversations=_listed(project, data["filters"], now), now=now)
+        messages.success(request, f"Made the queue “{queue.name}”.")
+        return redirect("web:review_queue", project_slug=project.slug, pk=queue.pk)
+
+    form, status, made = named_create(request, project, QueueForm, create, ReviewError)
+    if made is not None:
+        return made
     queues = list(ReviewQueue.objects.filter(project=project)[:200])
     for queue in queues:
         queue.filters = filters_described(queue.query)  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import quote
 
 from django import forms
@@ -51,6 +51,26 @@ def require_judge(request: HttpRequest, project: Project) -> None:
     """404 for a viewer's change (scores, reviews, datasets): we do not confirm what they may not do."""
     if not may_judge(request.user, project):
         raise Http404("a viewer changes nothing")
+
+
+def named_create(request: HttpRequest, project: Project, form_class: type[forms.Form],
+                 create: Callable[[dict[str, Any]], HttpResponse], refused: type[Exception],
+                 ) -> tuple[forms.Form, int, Optional[HttpResponse]]:
+    """The making half of a list page that also makes a named thing (a dataset, a
+    review queue): on a member's POST of a valid form, ``create(cleaned_data)`` makes
+    it and returns the answer (a redirect to it); ``refused`` (the name is taken) is
+    the name field's error. Returns the form to show, its status (400 after a bad
+    POST), and the answer when made (None: render the list)."""
+    if request.method != "POST":
+        return form_class(), 200, None
+    require_judge(request, project)
+    form = form_class(request.POST)
+    if form.is_valid():
+        try:
+            return form, 200, create(form.cleaned_data)
+        except refused as exc:
+            form.add_error("name", str(exc))
+    return form, 400, None
 
 
 @dataclass(frozen=True)
