@@ -124,8 +124,11 @@ class Score(models.Model):
             models.Index(fields=["project", "-occurred_at"], name="score_project_time"),
             # a name's distribution and mean over time
             models.Index(fields=["project", "name", "occurred_at"], name="score_project_name_time"),
-            # a conversation's scores (timeline, compare, list filters), and its cascade
-            models.Index(fields=["conversation", "name"], name="score_conversation",
+            # a conversation's scores (timeline, list filters), and its cascade; with the
+            # value and the negative flag it covers the compare page's counts and means
+            # (a compared conversation may hold tens of thousands of scores: read from
+            # the index alone, not row by row from the table)
+            models.Index(fields=["conversation", "name", "value", "negative"], name="score_conversation_values",
                          condition=Q(conversation__isnull=False)),
             # SET_NULL when a round or tool execution goes
             models.Index(fields=["round"], name="score_round", condition=Q(round__isnull=False)),

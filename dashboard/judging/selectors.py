@@ -139,7 +139,7 @@ class ScoreMatch:
 
 def conversations_scored(conversations: QuerySet[Conversation], match: ScoreMatch) -> QuerySet[Conversation]:
     """The conversations with a score that matches (checked per candidate on the
-    score_conversation index while the list's own index is walked)."""
+    score_conversation_values index while the list's own index is walked)."""
     if not match:
         return conversations
     return conversations.filter(Exists(match.rows(Score.objects.filter(conversation=OuterRef("pk")))))
@@ -440,7 +440,8 @@ class ScoreComparison:
 
 
 def scores_compared(a: Conversation, b: Conversation) -> list[ScoreComparison]:
-    """Per score name, the scores of each conversation (all their rounds and tool calls)."""
+    """Per score name, the scores of each conversation (all their rounds and tool
+    calls): read from the score_conversation_values index alone."""
     found: dict[str, ScoreComparison] = {}
     rows = (Score.objects.filter(conversation_id__in=[a.pk, b.pk]).values("conversation_id", "name").order_by()
             .annotate(n=Count("id"), mean=Avg("value"), negatives=Count("id", filter=Q(negative=True))))
