@@ -1,7 +1,9 @@
 """Datasets: cases kept from production for an agent's regression runs.
 
 A dataset is JSON Lines, one ``DatasetItem`` a line: ``input`` (the user message,
-the context the model saw, the tools it could call), ``output`` (what it did, as
+the context the model saw, and the tools: ``tools_offered`` to the model when the
+dashboard knew them from a span, else ``tools_called``, those the agent called),
+``output`` (what it did, as
 recorded), ``expected_output`` (what it should have done), ``source`` (where the
 case came from) and ``item_id`` (unique in the dataset: importing a file twice adds
 nothing). The dashboard exports and imports this form; an agent's test suite reads

@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from dashboard.observatory.models import IngestTransport
 
-from .evaluations import evaluations_attach, log_evaluations, span_evaluations
+from .evaluations import EVALUATION_EVENT, Evaluations, evaluations_attach, log_evaluations, span_evaluations
 from .common import (
     IngestBatch,
     IngestError,
@@ -43,6 +43,7 @@ from .otlp_metrics import OtlpTooManyPoints, decode_metrics_request
 from .spans import spans_prepare
 
 TRACES = "traces"
+_MAX_REASONS = 5
 LOGS = "logs"
 METRICS = "metrics"
 # The partial_success field counting rejected items, per signal (JSON name).
@@ -53,7 +54,8 @@ _REJECTED_KEYS = {TRACES: "rejectedSpans", LOGS: "rejectedLogRecords", METRICS: 
 class ExportOutcome:
     """What one export did: the items kept and stored (``stored`` new ones; the
     rest were already there, a retried batch), and the ones rejected on their own
-    with the reasons (``partial_success``)."""
+    with the reasons (``partial_success``; a message alone is a warning: the
+    evaluation events of stored spans that made no score)."""
 
     signal: str
     accepted: int
@@ -75,12 +77,12 @@ class ExportOutcome:
             response = ExportMetricsServiceResponse()
             if self.rejected:
                 response.partial_success.rejected_data_points = self.rejected
-        if self.rejected:
+        if self.error_message:  # a warning when nothing was rejected (OTLP allows it)
             response.partial_success.error_message = self.error_message
         return response.SerializeToString()
 
     def response_json(self) -> bytes:
-        if not self.rejected:
+        if not self.rejected and not self.error_message:
             return b"{}"
         key = _REJECTED_KEYS[self.signal]
         return json.dumps(
@@ -198,14 +200,23 @@ def _prepare(request: ExportRequest, batch: IngestBatch,
     if request.signal == TRACES:
         decoded = _decoded(decode_request, body, request.content_type, OtlpTooManySpans)
         batch.items, batch.item_name = len(decoded.spans), "spans"
+        evaluations = span_evaluations(project, decoded.spans)
         pending = spans_prepare(project=project, spans=decoded.spans, key_check=check)
-        pending = evaluations_attach(pending, project=project, key_id=key_id, scores=span_evaluations(decoded.spans))
-        return _Prepared(TRACES, len(decoded.spans), decoded.rejected, decoded.error_message, pending, batch)
+        pending = evaluations_attach(pending, project=project, key_id=key_id, evaluations=evaluations)
+        # The spans are stored: their events that made no score are a warning, not rejected spans.
+        message = "; ".join(filter(None, [decoded.error_message, _evaluations_message(evaluations, "span event(s)")]))
+        return _Prepared(TRACES, len(decoded.spans), decoded.rejected, message, pending, batch)
     if request.signal == LOGS:
         decoded = _decoded(decode_logs_request, body, request.content_type, OtlpTooManyLogs)
+        evaluations = log_evaluations(project, decoded.logs)
+        if evaluations.refused:  # a log record that is an evaluation making no score is rejected
+            refused = evaluations.refused_positions()
+            decoded.logs = [log for position, log in enumerate(decoded.logs) if position not in refused]
+            for _, _, reason in evaluations.refused:
+                decoded.reject(f"{EVALUATION_EVENT} {reason}")
         batch.items, batch.item_name = len(decoded.logs), "log records"
         pending = logs_prepare(project=project, logs=decoded.logs)
-        pending = evaluations_attach(pending, project=project, key_id=key_id, scores=log_evaluations(decoded.logs))
+        pending = evaluations_attach(pending, project=project, key_id=key_id, evaluations=evaluations)
         return _Prepared(LOGS, len(decoded.logs), decoded.rejected, decoded.error_message, pending, batch)
     if request.signal == METRICS:
         decoded = _decoded(decode_metrics_request, body, request.content_type, OtlpTooManyPoints)
@@ -213,6 +224,13 @@ def _prepare(request: ExportRequest, batch: IngestBatch,
         pending = metrics_prepare(project=project, metrics=decoded)
         return _Prepared(METRICS, decoded.accepted, decoded.rejected, decoded.error_message, pending, batch)
     raise ValueError(f"unknown signal {request.signal!r}")
+
+
+def _evaluations_message(evaluations: Evaluations, what: str) -> str:
+    if not evaluations.refused:
+        return ""
+    return f"{len(evaluations.refused)} {EVALUATION_EVENT} {what} made no score: " + "; ".join(
+        evaluations.reasons()[:_MAX_REASONS])
 
 
 def _decoded(decode: Callable[[bytes, str], Any], body: bytes, content_type: str, too_many: type) -> Any:

@@ -1,5 +1,6 @@
 """Admin for the project's score configs (what a score of a name may be), and a
-read-only look at scores with their edit history. Scores are made through the API,
+read-only look at scores with their edit history, and at the OpenTelemetry
+evaluations ingest refused. Scores are made through the API,
 the pages and OpenTelemetry; the admin only shows them (and may delete)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from django.utils import timezone
 
 from dashboard.accounts.admin import ProjectScopedAdmin
 
-from .models import Score, ScoreConfig, ScoreEdit
+from .models import EvaluationRefusal, Score, ScoreConfig, ScoreEdit
 
 
 @admin.register(ScoreConfig)
@@ -45,6 +46,21 @@ class ScoreAdmin(ProjectScopedAdmin):
     fields = readonly_fields
     inlines = [ScoreEditInline]
     show_full_result_count = False  # counting a million scores for the header is not worth it
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(EvaluationRefusal)
+class EvaluationRefusalAdmin(ProjectScopedAdmin):
+    """The gen_ai.evaluation.result events ingest refused, per score name (read only)."""
+
+    list_display = ["name", "project", "count", "last_reason", "first_at", "last_at"]
+    search_fields = ["name", "last_reason"]
+    readonly_fields = fields = ["project", "name", "count", "last_reason", "first_at", "last_at"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -124,8 +124,11 @@ class Score(models.Model):
             models.Index(fields=["project", "-occurred_at"], name="score_project_time"),
             # a name's distribution and mean over time
             models.Index(fields=["project", "name", "occurred_at"], name="score_project_name_time"),
-            # a conversation's scores (timeline, compare, list filters), and its cascade
-            models.Index(fields=["conversation", "name"], name="score_conversation",
+            # a conversation's scores (timeline, list filters), and its cascade; with the
+            # value and the negative flag it covers the compare page's counts and means
+            # (a compared conversation may hold tens of thousands of scores: read from
+            # the index alone, not row by row from the table)
+            models.Index(fields=["conversation", "name", "value", "negative"], name="score_conversation_values",
                          condition=Q(conversation__isnull=False)),
             # SET_NULL when a round or tool execution goes
             models.Index(fields=["round"], name="score_round", condition=Q(round__isnull=False)),
@@ -186,8 +189,11 @@ class ScoreEdit(models.Model):
 
 class ReviewQueue(models.Model):
     """A named list of conversations to review, filled from the conversation list's
-    filters (``query``, the list's query string, kept so the queue can be refilled
-    with what has matched since)."""
+    filters. ``query`` is the list's query string as the user gave it (a relative
+    start, ``within=24h``, stays relative): the queue shows it in words, and a refill
+    reads it again as of then, adding what matches now. The items are a snapshot: a
+    conversation added stays in the queue when it no longer matches. ``filled_at``:
+    the last fill (the time a relative filter was read at)."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="review_queues", db_index=False)
     name = models.CharField(max_length=100)
@@ -196,6 +202,7 @@ class ReviewQueue(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                                    related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
+    filled_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name", "id"]
@@ -267,7 +274,8 @@ class Dataset(models.Model):
 
 class DatasetItem(models.Model):
     """One case. ``input``: the user message, the context the model saw (messages)
-    and the tools it could call; ``output``: what it answered and called, as
+    and ``tools_offered`` to the model (where a span said) or else ``tools_called``;
+    ``output``: what it answered and called, as
     recorded; ``expected_output``: what it should have (editable, any JSON). The
     source rows stay linked while they exist; ``source`` keeps their ids as text.
     ``item_id`` is unique in the dataset: adding the same round twice, or importing
@@ -351,3 +359,25 @@ class ScoreHourChanged(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["project", "hour"], name="score_hour_changed")]
+
+
+class EvaluationRefusal(models.Model):
+    """How many OpenTelemetry ``gen_ai.evaluation.result`` events of one score name
+    (``name`` "": events with no name) the project's ingest refused, and why the last
+    one was. The exporter is told in the answer (``partial_success``), but SDKs log
+    it at best: this is where the admin and the scores page show it. Counted in the
+    batch's own transaction (judging.services.evaluation_refusals_count)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
+    name = models.CharField(max_length=ID_LENGTH, blank=True)
+    count = models.PositiveBigIntegerField(default=0)
+    last_reason = models.CharField(max_length=300, blank=True)
+    first_at = models.DateTimeField(default=timezone.now)
+    last_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-last_at", "name"]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="evaluation_refusal_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.name or '(no name)'}: {self.count} refused"

@@ -30,7 +30,8 @@ from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
 from dashboard.accounts.models import Project
-from dashboard.observatory.models import Conversation, Message, Round, ToolExecution
+from dashboard.observatory.conventions import tools_offered
+from dashboard.observatory.models import Conversation, Message, Round, Span, ToolExecution
 
 from .models import DatasetItem, ReviewItem, ReviewStatus, Score, ScoreEdit, ScoreHour, ScoreHourChanged, ScoreTarget
 from .rules import ScoreKind
@@ -80,9 +81,19 @@ def scores_filtered(project: Project, filters: ScoreFilters) -> QuerySet[Score]:
         rows = rows.filter(negative=False)
     if filters.linked is not None:
         rows = rows.filter(LINKED) if filters.linked else rows.exclude(LINKED)
+    return with_edit_count(rows)
+
+
+def with_edit_count(rows: QuerySet[Score]) -> QuerySet[Score]:
+    """``rows`` with each score's ``edit_count`` (how many ScoreEdit rows it has)."""
     # A count per row returned (a correlated subquery), not a GROUP BY over every score.
     edits = ScoreEdit.objects.filter(score=OuterRef("pk")).values("score").annotate(n=Count("id")).values("n")
     return rows.annotate(edit_count=Coalesce(Subquery(edits, output_field=IntegerField()), Value(0)))
+
+
+def score_edits(score: Score) -> list[ScoreEdit]:
+    """A score's edits, oldest first (who, through what, when, each field before and after)."""
+    return list(ScoreEdit.objects.filter(score=score).order_by("changed_at", "id"))
 
 
 # --- the pages ----------------------------------------------------------------------
@@ -128,7 +139,7 @@ class ScoreMatch:
 
 def conversations_scored(conversations: QuerySet[Conversation], match: ScoreMatch) -> QuerySet[Conversation]:
     """The conversations with a score that matches (checked per candidate on the
-    score_conversation index while the list's own index is walked)."""
+    score_conversation_values index while the list's own index is walked)."""
     if not match:
         return conversations
     return conversations.filter(Exists(match.rows(Score.objects.filter(conversation=OuterRef("pk")))))
@@ -145,7 +156,8 @@ def traces_scored(project: Project, match: ScoreMatch) -> tuple[QuerySet[Score],
 
 
 def scores_of_conversation(conversation: Conversation) -> list[Score]:
-    return list(Score.objects.filter(conversation=conversation).order_by("occurred_at", "id")[:PAGE_SCORES_LIMIT])
+    rows = with_edit_count(Score.objects.filter(conversation=conversation))
+    return list(rows.order_by("occurred_at", "id")[:PAGE_SCORES_LIMIT])
 
 
 def scores_of_conversations(conversation_ids: list[int]) -> dict[int, list[Score]]:
@@ -161,7 +173,7 @@ def scores_of_trace(project: Project, trace_id: str) -> list[Score]:
     # an OR of the two conditions would read every score of the project.
     by_trace = Score.objects.filter(project=project, trace_id=trace_id).exclude(trace_id="").values("pk")
     by_round = Score.objects.filter(round__in=Round.objects.filter(project=project, trace_id=trace_id).values("pk"))
-    rows = Score.objects.filter(pk__in=by_trace.union(by_round.values("pk")))
+    rows = with_edit_count(Score.objects.filter(pk__in=by_trace.union(by_round.values("pk"))))
     return list(rows.select_related("round").order_by("occurred_at", "id")[:PAGE_SCORES_LIMIT])
 
 
@@ -275,7 +287,8 @@ def score_hours(project: Project, since: datetime, until: datetime) -> list[Scor
 def score_summary(project: Project, *, since: datetime, until: datetime, bucket: str) -> list[NameSummary]:
     """Per score name, over [since, until) (whole hours): count, mean, negatives,
     distribution (labels, true/false, each value, or HISTOGRAM_BINS equal bins of the
-    values) and per ``bucket`` ("hour" or "day") the count and mean. From the hourly
+    values) and per ``bucket`` ("hour" or "day") the count and mean, every bucket of
+    the range (one with no score: count 0, mean None; ``bucket_starts``). From the hourly
     rows (score_hours), which are sums of the score rows."""
     names: dict[str, NameSummary] = {}
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -304,13 +317,29 @@ def score_summary(project: Project, *, since: datetime, until: datetime, bucket:
             counts[row.name] = merged
         else:
             counts[row.name] = None
+    buckets = bucket_starts(since, until, bucket)
     for name, summary in names.items():
         total, valued = sums[name]
         summary.mean = total / valued if valued else None
-        summary.series = [(start, int(n), value_sum / valued if valued else None)
-                          for start, (n, value_sum, valued) in sorted(series[name].items())]
+        points = series[name]
+        summary.series = [(start, int(points[start][0]), points[start][1] / points[start][2] if start in points
+                           and points[start][2] else None) for start in buckets]
         summary.distribution = _distribution(project, name, since, until, counts.get(name), ranges.get(name))
     return sorted(names.values(), key=lambda summary: summary.name)
+
+
+def bucket_starts(since: datetime, until: datetime, bucket: str) -> list[datetime]:
+    """Every bucket of [since, until) in order, those with no score too (a chart's
+    time axis is true): whole hours, or UTC days (the first one holding ``since``)."""
+    step = HOUR if bucket == "hour" else timedelta(days=1)
+    start = since.replace(minute=0, second=0, microsecond=0)
+    if bucket != "hour":
+        start = start.replace(hour=0)
+    starts = []
+    while start < until:
+        starts.append(start)
+        start += step
+    return starts
 
 
 def _distribution(project: Project, name: str, since: datetime, until: datetime,
@@ -411,7 +440,8 @@ class ScoreComparison:
 
 
 def scores_compared(a: Conversation, b: Conversation) -> list[ScoreComparison]:
-    """Per score name, the scores of each conversation (all their rounds and tool calls)."""
+    """Per score name, the scores of each conversation (all their rounds and tool
+    calls): read from the score_conversation_values index alone."""
     found: dict[str, ScoreComparison] = {}
     rows = (Score.objects.filter(conversation_id__in=[a.pk, b.pk]).values("conversation_id", "name").order_by()
             .annotate(n=Count("id"), mean=Avg("value"), negatives=Count("id", filter=Q(negative=True))))
@@ -487,11 +517,57 @@ def _item_key(*parts: str) -> str:
     return f"{parts[0]}:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
+TRACE_SPANS_READ = 500  # spans of a round's trace read at most to find the tools offered
+
+
+def tools_offered_to_rounds(rounds: list[Round]) -> dict[int, list[dict[str, Any]]]:
+    """Round pk -> the tools its model call was offered, where a span says so
+    (``conventions.tools_offered``: GenAI ``gen_ai.tool.definitions``, OpenInference
+    ``llm.tools``, OpenLLMetry ``llm.request.functions``): the round's own span, else
+    the first span of its trace in the round's time that says. Records carry no tool
+    list: a round only recorded is absent. Two queries."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    if not rounds:
+        return found
+    project_id = rounds[0].project_id
+    own = {(r.trace_id, r.span_id): r for r in rounds if r.trace_id and r.span_id}
+    if own:
+        spans = Span.objects.filter(project_id=project_id, trace_id__in={t for t, _ in own},
+                                    span_id__in={s for _, s in own}).values_list("trace_id", "span_id", "attributes")
+        for trace_id, span_id, attributes in spans:
+            round_ = own.get((trace_id, span_id))
+            tools = tools_offered(attributes) if round_ is not None else None
+            if tools:
+                found[round_.pk] = tools
+    rest = [r for r in rounds if r.pk not in found and r.trace_id]
+    if rest:
+        spans = list(Span.objects.filter(project_id=project_id, trace_id__in={r.trace_id for r in rest})
+                     .order_by("start_time", "span_id").values_list("trace_id", "start_time", "attributes")
+                     [:TRACE_SPANS_READ])
+        for round_ in rest:
+            for trace_id, start, attributes in spans:
+                if trace_id != round_.trace_id or (round_.started_at and start < round_.started_at) or (
+                        round_.ended_at and start > round_.ended_at):
+                    continue
+                tools = tools_offered(attributes)
+                if tools:
+                    found[round_.pk] = tools
+                    break
+    return found
+
+
+def _tools_input(offered: Optional[list[dict[str, Any]]], called: list[str]) -> dict[str, Any]:
+    """What a case says of tools: those offered to the model where a span said so,
+    else only those the agent called (named so: the model may have had others)."""
+    return {"tools_offered": offered} if offered else {"tools_called": called}
+
+
 def cases_of_rounds(rounds: list[Round]) -> list[DatasetCase]:
     """Each round as a case: the context the model saw when the round began (the
-    messages of the rounds before it, and the round's user message), the tools the
-    conversation's agent called, and what the round answered and called. A
-    constant number of queries per conversation."""
+    messages of the rounds before it, and the round's user message), the tools
+    offered to the model (``tools_offered``, where a span says; else
+    ``tools_called``: those the conversation's agent called), and what the round
+    answered and called. A constant number of queries per conversation."""
     cases = []
     by_conversation: dict[int, list[Round]] = defaultdict(list)
     for round_ in rounds:
@@ -504,7 +580,8 @@ def cases_of_rounds(rounds: list[Round]) -> list[DatasetCase]:
         executions = list(ToolExecution.objects.filter(conversation_id=conversation_id).order_by(
             "occurred_at", "id").values("round_id", "tool_name", "parameters", "success", "observation",
                                         "error_type"))
-        tools = sorted({e["tool_name"] for e in executions})
+        called = sorted({e["tool_name"] for e in executions})
+        offered = tools_offered_to_rounds(chosen)
         for round_ in chosen:
             earlier = [m for m in messages if order.get(m["round_id"], -1) < round_.index]
             context = [_message(m) for m in earlier][-CASE_MESSAGES:]
@@ -513,7 +590,8 @@ def cases_of_rounds(rounds: list[Round]) -> list[DatasetCase]:
                      for e in executions if e["round_id"] == round_.round_id][:CASE_TOOL_CALLS]
             cases.append(DatasetCase(
                 item_id=_item_key("round", conversation.external_id, round_.round_id),
-                input={"user_message": _text(round_.user_message), "messages": context, "tools": tools},
+                input={"user_message": _text(round_.user_message), "messages": context,
+                       **_tools_input(offered.get(round_.pk), called)},
                 output={"final_answer": None if round_.final_answer is None else _text(round_.final_answer),
                         "tool_calls": calls, "status": round_.status},
                 source={"conversation_id": conversation.external_id, "round_id": round_.round_id,
@@ -534,18 +612,27 @@ def _message(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def cases_of_conversations(conversations: list[Conversation]) -> list[DatasetCase]:
-    """Each conversation as a case: its user messages in order and the tools its
-    agent called as input; its answers and tool calls as output."""
+    """Each conversation as a case: its user messages in order and the tools offered
+    to its model (all its rounds', by name, where spans say; else the tools its agent
+    called) as input; its answers and tool calls as output."""
     cases = []
     for conversation in conversations:
-        rounds = list(Round.objects.filter(conversation=conversation).order_by("index", "id")
-                      .values("round_id", "user_message", "final_answer", "status"))
+        round_rows = list(Round.objects.filter(conversation=conversation).order_by("index", "id").only(
+            "id", "project_id", "round_id", "trace_id", "span_id", "started_at", "ended_at", "user_message",
+            "final_answer", "status"))
+        offered_by_name: dict[str, dict[str, Any]] = {}
+        offered = tools_offered_to_rounds(round_rows)
+        for round_ in round_rows:  # in the rounds' order
+            for tool in offered.get(round_.pk, []):
+                offered_by_name.setdefault(tool["name"], tool)
+        rounds = [{"round_id": r.round_id, "user_message": r.user_message, "final_answer": r.final_answer,
+                   "status": r.status} for r in round_rows]
         executions = list(ToolExecution.objects.filter(conversation=conversation).order_by("occurred_at", "id")
                           .values("round_id", "tool_name", "parameters", "success")[:CASE_TOOL_CALLS])
         cases.append(DatasetCase(
             item_id=_item_key("conversation", conversation.external_id),
             input={"user_messages": [_text(r["user_message"]) for r in rounds],
-                   "tools": sorted({e["tool_name"] for e in executions})},
+                   **_tools_input(list(offered_by_name.values()), sorted({e["tool_name"] for e in executions}))},
             output={"final_answers": [None if r["final_answer"] is None else _text(r["final_answer"])
                                       for r in rounds],
                     "tool_calls": [{"round_id": e["round_id"], "tool": e["tool_name"], "arguments": e["parameters"],

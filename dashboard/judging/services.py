@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, Max, OuterRef, Q, QuerySet
+from django.db.models import Exists, F, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from dashboard.accounts.models import ApiKey, Project
@@ -29,6 +29,7 @@ from .links import CHUNK, targets_resolve
 from .models import (
     Dataset,
     DatasetItem,
+    EvaluationRefusal,
     ReviewItem,
     ReviewQueue,
     ReviewStatus,
@@ -219,6 +220,26 @@ def score_from_page(*, project: Project, user: AbstractBaseUser, record: ScoreRe
     return Score.objects.get(project=project, score_id=record.score_id)
 
 
+def evaluation_refusals_count(*, project: Project, refusals: Sequence[tuple[str, str]]) -> None:
+    """Count refused ``gen_ai.evaluation.result`` events, (score name, reason) each,
+    per name with the last reason, in the caller's transaction."""
+    by_name: dict[str, tuple[int, str]] = {}
+    for name, reason in refusals:
+        count, _ = by_name.get(name[:200], (0, ""))
+        by_name[name[:200]] = (count + 1, reason[:ERROR_LENGTH])
+    now = timezone.now()
+    for name, (count, reason) in sorted(by_name.items()):
+        rows = EvaluationRefusal.objects.filter(project=project, name=name)
+        if rows.update(count=F("count") + count, last_reason=reason, last_at=now):
+            continue
+        try:
+            with transaction.atomic():
+                EvaluationRefusal.objects.create(project=project, name=name, count=count, last_reason=reason,
+                                                 first_at=now, last_at=now)
+        except IntegrityError:  # counted by a concurrent batch since we looked
+            rows.update(count=F("count") + count, last_reason=reason, last_at=now)
+
+
 def score_delete(*, score: Score) -> None:
     score.delete()
 
@@ -234,22 +255,26 @@ class ReviewError(ValueError):
 
 
 def review_queue_create(*, project: Project, name: str, query: str, conversations: QuerySet[Conversation],
-                        user: AbstractBaseUser, description: str = "") -> ReviewQueue:
+                        user: AbstractBaseUser, description: str = "", now: datetime | None = None) -> ReviewQueue:
     """A queue named ``name`` filled with ``conversations`` (the list's filtered
-    rows, in its order), at most MAX_QUEUE_ITEMS of them."""
+    rows, in its order, read as of ``now``), at most MAX_QUEUE_ITEMS of them."""
     try:
         with transaction.atomic():
             queue = ReviewQueue.objects.create(project=project, name=name, query=query, created_by=user,
                                                description=description)
-            review_queue_fill(queue=queue, conversations=conversations)
+            review_queue_fill(queue=queue, conversations=conversations, now=now)
     except IntegrityError:
         raise ReviewError(f"There is a queue named {name!r} already.") from None
     return queue
 
 
-def review_queue_fill(*, queue: ReviewQueue, conversations: QuerySet[Conversation]) -> int:
-    """Add the conversations not in the queue yet, after its last item; returns how many."""
+def review_queue_fill(*, queue: ReviewQueue, conversations: QuerySet[Conversation],
+                      now: datetime | None = None) -> int:
+    """Add the conversations not in the queue yet, after its last item, and note the
+    fill's time (``now``: when the filters were read); returns how many."""
     with transaction.atomic():
+        queue.filled_at = now or timezone.now()
+        ReviewQueue.objects.filter(pk=queue.pk).update(filled_at=queue.filled_at)
         last = ReviewItem.objects.filter(queue=queue).aggregate(last=Max("position"))["last"]
         start = 0 if last is None else last + 1
         present = ReviewItem.objects.filter(queue=queue, conversation=OuterRef("pk"))

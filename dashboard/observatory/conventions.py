@@ -556,3 +556,71 @@ def link_facts(attributes: Mapping[str, Any], resource: Mapping[str, Any], resou
     tool_call_id = _text(value_of("tool_call_id", attributes))
     operation = value_of("operation", attributes) or ""
     return conversation, tool_name, tool_call_id, operation
+
+
+# --- the tools offered to the model ------------------------------------------------------
+
+# Where a model call's span lists the tools the model could call, by convention, in
+# precedence order: the GenAI JSON array (a string of JSON, or an array value) of
+# {"type", "name", "description", "parameters"}; OpenInference's indexed
+# llm.tools.N.tool.json_schema (each a JSON schema: {"type": "function", "function":
+# {...}} or the function itself); OpenLLMetry's indexed llm.request.functions.N.*.
+TOOL_DEFINITION_RULES = (
+    (GENAI, "gen_ai.tool.definitions"),
+    (OPENINFERENCE, "llm.tools"),
+    (OPENLLMETRY, "llm.request.functions"),
+)
+MAX_TOOL_DEFINITIONS = 256
+
+
+def tools_offered(attributes: Mapping[str, Any]) -> Optional[list[dict[str, Any]]]:
+    """The tools a model call's span says the model was offered, each as
+    {"name", "description"?, "parameters"?}; None when the span does not say (or
+    says it in a form that cannot be read, e.g. JSON cut at the attribute limit)."""
+    for convention, key in TOOL_DEFINITION_RULES:
+        if convention == GENAI:
+            raw = json_or_text(attributes.get(key))
+            found = [_tool_definition(item) for item in raw] if isinstance(raw, list) else None
+        else:
+            found = _indexed_tools(attributes, key + ".", json_key="tool.json_schema" if convention == OPENINFERENCE
+                                   else None)
+        if found:
+            tools = [tool for tool in found if tool is not None][:MAX_TOOL_DEFINITIONS]
+            if tools:
+                return tools
+    return None
+
+
+def _tool_definition(raw: Any) -> Optional[dict[str, Any]]:
+    raw = json_or_text(raw)
+    if not isinstance(raw, dict):
+        return None
+    if isinstance(raw.get("function"), dict):  # {"type": "function", "function": {...}}
+        raw = raw["function"]
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    tool: dict[str, Any] = {"name": name[:200]}
+    if isinstance(raw.get("description"), str) and raw["description"]:
+        tool["description"] = _clip(raw["description"])
+    parameters = json_or_text(raw.get("parameters", raw.get("input_schema")))
+    if parameters not in (None, ""):
+        tool["parameters"] = parameters
+    return tool
+
+
+def _indexed_tools(attributes: Mapping[str, Any], prefix: str, json_key: Optional[str]) -> list[Any]:
+    """``prefix`` N.field keys gathered per N, in N's order: the JSON of ``json_key``,
+    or the fields themselves as one definition."""
+    by_index: dict[int, dict[str, Any]] = {}
+    for key, value in attributes.items():
+        if not key.startswith(prefix):
+            continue
+        match = _INDEX.fullmatch(key[len(prefix):])
+        if match is None or len(by_index) > MAX_TOOL_DEFINITIONS and int(match.group(1)) not in by_index:
+            continue
+        by_index.setdefault(int(match.group(1)), {})[match.group(2)] = value
+    found = []
+    for _, fields in sorted(by_index.items()):
+        found.append(_tool_definition(fields.get(json_key) if json_key else fields))
+    return found

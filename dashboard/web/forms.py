@@ -92,6 +92,10 @@ class ConversationFilterForm(ScoreFilterForm):
     )
     has_errors = forms.BooleanField(required=False, label="Has errors")
     tool = forms.CharField(required=False, max_length=200)
+    # Relative: "the last 24h" as of when the filter is read (a page load, a queue's fill),
+    # kept as given in saved views and review queues.
+    within = forms.ChoiceField(required=False, label="Started in the last",
+                               choices=[("", "any time"), *((key, key) for key in RANGES)])
     since = DayOrTimeField(label="Started from")
     until = DayOrTimeField(label="Started until")
     sort = forms.ChoiceField(required=False, choices=list(CONVERSATION_SORTS.items()))
@@ -106,8 +110,34 @@ class ConversationFilterForm(ScoreFilterForm):
             raise forms.ValidationError("Use either 'after' or 'before', not both.")
         return data
 
-    def since_datetime(self) -> datetime | None:
-        return start_of(self.cleaned_data.get("since"))
+    def since_datetime(self, now: datetime | None = None) -> datetime | None:
+        """The start: ``since``, or ``within`` back from ``now`` (the later of the two)."""
+        since = start_of(self.cleaned_data.get("since"))
+        within = self.cleaned_data.get("within")
+        if not within:
+            return since
+        recent = (now or datetime.now(timezone.utc)) - timedelta(hours=RANGES[within])
+        return recent if since is None else max(since, recent)
+
+    def described(self) -> list[str]:
+        """The filters given, in words, as the user gave them (a relative start stays
+        relative): what a review queue shows of how it was filled."""
+        data, words = self.cleaned_data, []
+        for name, field in self.fields.items():
+            value = data.get(name)
+            if name in ("after", "before", "sort") or value in (None, "", False):
+                continue
+            label = str(field.label or name).lower()
+            if name == "within":
+                words.append(f"started in the last {value}")
+            elif isinstance(field, forms.BooleanField):
+                words.append(label)
+            elif isinstance(field, forms.ChoiceField):
+                words.append(f"{label}: {dict(field.choices).get(value, value)}")
+            else:
+                shown = value.strftime("%Y-%m-%d %H:%M UTC") if isinstance(value, datetime) else value
+                words.append(f"{label}: {shown}")
+        return words
 
     def until_datetime(self) -> datetime | None:
         """Exclusive end: a day means the whole day; a time is the end itself."""

@@ -57,6 +57,7 @@ urlpatterns = [
     path(P + "scores/", scores.score_overview, name="scores"),
     path(P + "scores/add/", scores.score_add, name="score_add"),
     path(P + "scores/form/", scores.score_form, name="score_form"),
+    path(P + "scores/<int:pk>/edits/", scores.score_edit_history, name="score_edits"),
     path(P + "datasets/", datasets.dataset_list, name="datasets"),
     path(P + "datasets/add/", datasets.dataset_add, name="dataset_add"),
     path(P + "datasets/<int:pk>/", datasets.dataset_detail, name="dataset"),

@@ -89,7 +89,8 @@ def test_it_draws_the_summary_and_drills_from_a_bucket(page, live_server, projec
     page.wait_for_function("document.querySelector('canvas[data-chart=\"score-series\"]').dataset.drawn === '1'")
     point = page.evaluate("""() => {
         const canvas = document.querySelector('canvas[data-chart="score-series"]');
-        const bar = Chart.getChart(canvas).getDatasetMeta(0).data[0];
+        const chart = Chart.getChart(canvas);  // every hour is a bar: the one with the score
+        const bar = chart.getDatasetMeta(0).data[chart.data.datasets[0].data.findIndex((n) => n > 0)];
         const box = canvas.getBoundingClientRect();
         return {x: box.left + bar.x, y: box.top + bar.y + 2};
     }""")

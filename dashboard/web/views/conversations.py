@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from typing import Any, Iterator, Optional
 
 from django.db.models import Case, Count, F, QuerySet, Sum, When
@@ -19,9 +21,11 @@ from ..selectors.conversations import SEARCH_WINDOW, BadCursor, conversation_pag
 from ..selectors.saved_views import saved_views_for
 
 
-def filtered_conversations(form: ConversationFilterForm, project: Project) -> QuerySet[Conversation]:
+def filtered_conversations(form: ConversationFilterForm, project: Project,
+                           now: datetime | None = None) -> QuerySet[Conversation]:
     """The list's filters (a valid form) on the project's conversations: one
-    reading for the page, its CSV export and a saved view."""
+    reading for the page, its CSV export, a saved view and a review queue's fill
+    (a relative start counted back from ``now``)."""
     data = form.cleaned_data
     listed = conversations_for_project(
         project,
@@ -30,7 +34,7 @@ def filtered_conversations(form: ConversationFilterForm, project: Project) -> Qu
         status=data["status"],
         has_errors=True if data["has_errors"] else None,  # an unticked box filters nothing
         tool=data["tool"].strip(),
-        since=form.since_datetime(),
+        since=form.since_datetime(now),
         until=form.until_datetime(),
     )
     return conversations_scored(listed, form.score_match())

@@ -37,7 +37,7 @@ from dashboard.observatory.models import Conversation, Round
 from ..access import project_page
 from ..forms import ConversationFilterForm
 from .conversations import filtered_conversations
-from .scores import may_judge, require_judge
+from .scores import may_judge, named_create, require_judge
 
 PAGE_SIZE = 50
 MAX_IMPORT_ITEMS = 10_000
@@ -74,20 +74,14 @@ def _dataset(project: Project, pk: int) -> Dataset:
 
 @project_page
 def dataset_list(request: HttpRequest, project: Project) -> HttpResponse:
-    form = DatasetForm()
-    status = 200
-    if request.method == "POST":
-        require_judge(request, project)
-        form = DatasetForm(request.POST)
-        if form.is_valid():
-            try:
-                dataset = dataset_create(project=project, name=form.cleaned_data["name"], user=request.user,
-                                         description=form.cleaned_data["description"])
-            except DatasetRefused as exc:
-                form.add_error("name", str(exc))
-            else:
-                return redirect("web:dataset", project_slug=project.slug, pk=dataset.pk)
-        status = 400
+    def create(data: dict) -> HttpResponse:
+        dataset = dataset_create(project=project, name=data["name"], user=request.user,
+                                 description=data["description"])
+        return redirect("web:dataset", project_slug=project.slug, pk=dataset.pk)
+
+    form, status, made = named_create(request, project, DatasetForm, create, DatasetRefused)
+    if made is not None:
+        return made
     datasets = list(Dataset.objects.filter(project=project).order_by("name")[:200])
     counts = dict(DatasetItem.objects.filter(dataset__in=datasets).values("dataset_id").order_by()
                   .annotate(n=Count("id")).values_list("dataset_id", "n"))

@@ -1,6 +1,11 @@
 """Review queues: made from the conversation list's filters, worked through one
 conversation at a time.
 
+A queue keeps the filters as the user gave them ("has errors, started in the last
+24h": relative stays relative) and shows them in words with the time it was last
+filled; its items are a snapshot of what matched then. "Add what the filters match
+now" reads the same filters again as of now and adds the new matches after the others.
+
 A reviewer asks for the next item (POST: it is claimed for them, so two reviewers
 are never given the same one), scores it in place as on the timeline, and marks it
 reviewed (or skipped) with one key, which hands them the next. The queue page shows
@@ -9,6 +14,8 @@ what is done, in review and left, and by whom. Another project's queue or item i
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from django import forms
 from django.contrib import messages
@@ -37,7 +44,7 @@ from ..forms import ConversationFilterForm
 from ..selectors.scores import scores_attach
 from ..services import saved_view_query
 from .conversations import filtered_conversations
-from .scores import may_judge, require_judge, widget_urls
+from .scores import may_judge, named_create, require_judge, widget_urls
 
 ITEMS_SHOWN = 200
 
@@ -59,39 +66,43 @@ class QueueForm(forms.Form):
         return data
 
 
+def filters_described(query: str) -> str:
+    """A queue's filters in words, as the user gave them (relative stays relative)."""
+    filters = ConversationFilterForm(QueryDict(query))
+    if not filters.is_valid():
+        return "filters no longer valid"
+    return ", ".join(filters.described()) or "all conversations"
+
+
 def _queue(project: Project, pk: int) -> ReviewQueue:
     return get_object_or_404(ReviewQueue, project=project, pk=pk)
 
 
 @project_page
 def review_queue_list(request: HttpRequest, project: Project) -> HttpResponse:
-    form = QueueForm()
-    status = 200
-    if request.method == "POST":
-        require_judge(request, project)
-        form = QueueForm(request.POST)
-        if form.is_valid():
-            data = form.cleaned_data
-            try:
-                queue = review_queue_create(project=project, name=data["name"], query=data["query"],
-                                            description=data["description"], user=request.user,
-                                            conversations=_listed(project, data["filters"]))
-            except ReviewError as exc:
-                form.add_error("name", str(exc))
-            else:
-                messages.success(request, f"Made the queue “{queue.name}”.")
-                return redirect("web:review_queue", project_slug=project.slug, pk=queue.pk)
-        status = 400
+    def create(data: dict) -> HttpResponse:
+        now = timezone.now()
+        queue = review_queue_create(project=project, name=data["name"], query=data["query"],
+                                    description=data["description"], user=request.user,
+                                    conversations=_listed(project, data["filters"], now), now=now)
+        messages.success(request, f"Made the queue “{queue.name}”.")
+        return redirect("web:review_queue", project_slug=project.slug, pk=queue.pk)
+
+    form, status, made = named_create(request, project, QueueForm, create, ReviewError)
+    if made is not None:
+        return made
     queues = list(ReviewQueue.objects.filter(project=project)[:200])
+    for queue in queues:
+        queue.filters = filters_described(queue.query)  # type: ignore[attr-defined]
     return render(request, "web/review_queues.html", {
         "project": project, "nav_section": "review", "progress": queue_progress(queues), "form": form,
         "may_review": may_judge(request.user, project),
     }, status=status)
 
 
-def _listed(project: Project, filters: ConversationFilterForm) -> QuerySet[Conversation]:
-    """The list's conversations for these filters, in its order."""
-    rows = filtered_conversations(filters, project)
+def _listed(project: Project, filters: ConversationFilterForm, now: datetime) -> QuerySet[Conversation]:
+    """The list's conversations for these filters as of ``now``, in its order."""
+    rows = filtered_conversations(filters, project, now)
     return observatory.ordered_conversations(rows, filters.cleaned_data["sort"] or "-last_activity_at")
 
 
@@ -103,6 +114,7 @@ def review_queue(request: HttpRequest, project: Project, pk: int) -> HttpRespons
                  .only("id", "position", "status", "claimed_until", "done_at", "conversation__id",
                        "conversation__title", "conversation__external_id", "done_by__username",
                        "claimed_by__username").order_by("position")[:ITEMS_SHOWN])
+    queue.filters = filters_described(queue.query)  # type: ignore[attr-defined]
     list_url = reverse("web:conversations", args=[project.slug]) + (f"?{queue.query}" if queue.query else "")
     return render(request, "web/review_queue.html", {
         "project": project, "nav_section": "review", "queue": queue, "progress": progress, "items": items,
@@ -119,7 +131,8 @@ def review_queue_refill(request: HttpRequest, project: Project, pk: int) -> Http
     if not filters.is_valid():
         messages.error(request, "This queue's filters are not valid any more.")
     else:
-        added = review_queue_fill(queue=queue, conversations=_listed(project, filters))
+        now = timezone.now()
+        added = review_queue_fill(queue=queue, conversations=_listed(project, filters, now), now=now)
         messages.success(request, f"Added {added} conversation{'s' if added != 1 else ''}.")
     return redirect("web:review_queue", project_slug=project.slug, pk=queue.pk)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import quote
 
 from django import forms
@@ -26,9 +26,9 @@ from django.views.decorators.http import require_POST
 from pydantic import ValidationError
 
 from dashboard.accounts.models import Membership, Project
-from dashboard.judging.models import Score, ScoreConfig
+from dashboard.judging.models import EvaluationRefusal, Score, ScoreConfig
 from dashboard.judging.rules import ScoreKind
-from dashboard.judging.selectors import score_groups, score_summary
+from dashboard.judging.selectors import score_edits, score_groups, score_summary, with_edit_count
 from dashboard.judging.services import ScoreRefused, score_from_page, score_hours_refresh
 from dashboard.observatory.models import Conversation, Round, ToolExecution
 from pipeline import ScoreRecord
@@ -51,6 +51,26 @@ def require_judge(request: HttpRequest, project: Project) -> None:
     """404 for a viewer's change (scores, reviews, datasets): we do not confirm what they may not do."""
     if not may_judge(request.user, project):
         raise Http404("a viewer changes nothing")
+
+
+def named_create(request: HttpRequest, project: Project, form_class: type[forms.Form],
+                 create: Callable[[dict[str, Any]], HttpResponse], refused: type[Exception],
+                 ) -> tuple[forms.Form, int, Optional[HttpResponse]]:
+    """The making half of a list page that also makes a named thing (a dataset, a
+    review queue): on a member's POST of a valid form, ``create(cleaned_data)`` makes
+    it and returns the answer (a redirect to it); ``refused`` (the name is taken) is
+    the name field's error. Returns the form to show, its status (400 after a bad
+    POST), and the answer when made (None: render the list)."""
+    if request.method != "POST":
+        return form_class(), 200, None
+    require_judge(request, project)
+    form = form_class(request.POST)
+    if form.is_valid():
+        try:
+            return form, 200, create(form.cleaned_data)
+        except refused as exc:
+            form.add_error("name", str(exc))
+    return form, 400, None
 
 
 @dataclass(frozen=True)
@@ -126,7 +146,7 @@ def scores_on(item: Judged) -> list[Score]:
         rows = Score.objects.filter(tool_execution=item.obj)
     else:
         rows = Score.objects.filter(conversation=item.obj, round__isnull=True, tool_execution__isnull=True)
-    return list(rows.order_by("occurred_at", "id"))
+    return list(with_edit_count(rows).order_by("occurred_at", "id"))
 
 
 class _Refused(Exception):
@@ -226,6 +246,26 @@ def score_form(request: HttpRequest, project: Project) -> HttpResponse:
                   {"score_picks": score_picks(list(ScoreConfig.objects.filter(project=project)))})
 
 
+@project_page
+def score_edit_history(request: HttpRequest, project: Project, pk: int) -> HttpResponse:
+    """The htmx partial: one score's edits (who changed what, when), for anyone who sees the score."""
+    score = get_object_or_404(Score.objects.only("id", "project_id", "kind"), project=project, pk=pk)
+    edits = [(edit, [(name, _shown(score, name, before), _shown(score, name, after))
+                     for name, (before, after) in edit.changes.items()]) for edit in score_edits(score)]
+    return render(request, "web/partials/score_edits.html", {"score": score, "edits": edits})
+
+
+def _shown(score: Score, field: str, value: Any) -> str:
+    """A changed field's value as the score's own is shown (a boolean's 1/0 as true/false)."""
+    if value is None or value == "":
+        return "—"
+    if field == "value" and score.kind == ScoreKind.BOOLEAN:
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
 # --- the summary --------------------------------------------------------------------
 
 
@@ -262,6 +302,7 @@ def score_overview(request: HttpRequest, project: Project) -> HttpResponse:
         "by_tool": score_groups(project, since=since, until=until, by="tool"),
         "by_model": score_groups(project, since=since, until=until, by="model"),
         "configs": ScoreConfig.objects.filter(project=project),
+        "refusals": EvaluationRefusal.objects.filter(project=project)[:50],
     })
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dashboard.judging.models import Score, ScoreConfig
+from dashboard.judging.models import EvaluationRefusal, Score, ScoreConfig
 from dashboard.observatory.derive.drain import outbox_drain_all
 from dashboard.observatory.models import LogRecord, Round, Span
 
@@ -124,6 +124,88 @@ def test_the_sdk_grpc_log_exporter_sends_evaluations_too(live_server, settings, 
     check_linked(project, span_id)
 
 
+def emit_refused_and_kept(logger_provider) -> None:
+    """Two evaluations of a chat span: one outside the "stars" config (1..5), one inside."""
+    from opentelemetry import context, trace
+
+    logger = logger_provider.get_logger("evaluator")
+    span = trace.NonRecordingSpan(trace.SpanContext(int("ab" * 16, 16), int("cd" * 8, 16), is_remote=False))
+    token = context.attach(trace.set_span_in_context(span))
+    try:
+        for value in (9, 4):
+            logger.emit(event_name="gen_ai.evaluation.result", attributes={
+                "gen_ai.evaluation.name": "stars", "gen_ai.evaluation.score.value": value})
+    finally:
+        context.detach(token)
+
+
+def check_refused_counted(project) -> None:
+    assert list(Score.objects.filter(project=project).values_list("name", "value")) == [("stars", 4.0)]
+    refusal = EvaluationRefusal.objects.get(project=project)
+    assert (refusal.name, refusal.count, refusal.last_reason) == ("stars", 1, "stars must be within 1..5; got 9")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sdk_http_exporter_is_answered_a_partial_success_for_a_refused_evaluation(live_server, project,
+                                                                                     api_key):
+    import requests
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+    ScoreConfig.objects.create(project=project, name="stars", kind="numeric", min_value=1, max_value=5)
+    answers = []
+    session = requests.Session()
+    session.hooks["response"].append(lambda response, *args, **kwargs: answers.append(response))
+    exporter = OTLPLogExporter(endpoint=f"{live_server.url}/v1/logs", session=session, timeout=20,
+                               headers={"Authorization": f"Bearer {api_key}"})
+    provider = LoggerProvider()
+    provider.add_log_record_processor(BatchLogRecordProcessor(exporter))  # both in one export request
+    emit_refused_and_kept(provider)
+    provider.shutdown()
+    assert [answer.status_code for answer in answers] == [200]
+    partial = ExportLogsServiceResponse.FromString(answers[0].content).partial_success
+    assert partial.rejected_log_records == 1 and "stars must be within 1..5; got 9" in partial.error_message
+    check_refused_counted(project)
+    assert LogRecord.objects.filter(project=project).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sdk_grpc_exporter_is_answered_a_partial_success_for_a_refused_evaluation(settings, project, api_key):
+    import grpc
+    from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import LogsServiceStub
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, InMemoryLogRecordExporter
+
+    from dashboard.ingest.grpc_server import grpc_server_build
+
+    ScoreConfig.objects.create(project=project, name="stars", kind="numeric", min_value=1, max_value=5)
+    running, port = grpc_server_build(port=0, threads=2)
+    running.start()
+    try:
+        sent = InMemoryLogRecordExporter()
+        provider = LoggerProvider()
+        provider.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter(
+            endpoint=f"127.0.0.1:{port}", insecure=True, timeout=20,
+            headers=(("authorization", f"Bearer {api_key}"),))))
+        provider.add_log_record_processor(BatchLogRecordProcessor(sent))
+        emit_refused_and_kept(provider)
+        provider.shutdown()
+        check_refused_counted(project)
+        # The SDK does not surface partial_success: ask with its own encoding of the same batch.
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            answer = LogsServiceStub(channel).Export(encode_logs(sent.get_finished_logs()), timeout=20,
+                                                     metadata=(("authorization", f"Bearer {api_key}"),))
+    finally:
+        running.stop(0).wait()
+    assert answer.partial_success.rejected_log_records == 1
+    assert "stars must be within 1..5; got 9" in answer.partial_success.error_message
+    assert EvaluationRefusal.objects.get(project=project).count == 2  # sent twice, refused twice
+
+
 # --- posted by hand (OTLP JSON) ------------------------------------------------------
 
 TRACE, SPAN = "ab" * 16, "cd" * 8
@@ -182,9 +264,9 @@ def test_a_retried_batch_makes_one_score_and_distinct_events_make_several(client
 
 
 @pytest.mark.django_db
-def test_events_that_make_no_score_are_stored_as_logs_only(client, auth, project):
+def test_events_that_make_no_score_are_rejected_in_partial_success_and_counted(client, auth, project):
     ScoreConfig.objects.create(project=project, name="stars", kind="numeric", min_value=1, max_value=5)
-    post_logs(
+    response = post_logs(
         client, auth,
         evaluation_log(gen_ai__evaluation__score__value=1),  # no name
         evaluation_log(at=NOW + 1, gen_ai__evaluation__name="relevance"),  # no value nor label
@@ -192,9 +274,45 @@ def test_events_that_make_no_score_are_stored_as_logs_only(client, auth, project
         evaluation_log(at=NOW + 3, trace_id="", span_id="", gen_ai__evaluation__name="orphan",
                        gen_ai__evaluation__score__value=1),  # nothing to judge
         evaluation_log(at=NOW + 4, gen_ai__evaluation__name="stars", gen_ai__evaluation__score__value=4),
+        {"timeUnixNano": str(NOW), "eventName": "other", "body": {"stringValue": "kept"}},
     )
-    assert LogRecord.objects.filter(project=project).count() == 5
+    partial = response.json()["partialSuccess"]
+    assert partial["rejectedLogRecords"] == "4"
+    assert "stars must be within 1..5; got 9" in partial["errorMessage"]
+    assert "has no gen_ai.evaluation.name" in partial["errorMessage"]
+    # rejected is rejected: only the scored evaluation and the other record are stored
+    assert LogRecord.objects.filter(project=project).count() == 2
     assert list(Score.objects.values_list("name", "value")) == [("stars", 4.0)]
+    counted = {r.name: (r.count, r.last_reason) for r in EvaluationRefusal.objects.filter(project=project)}
+    assert counted["stars"] == (1, "stars must be within 1..5; got 9")
+    assert set(counted) == {"", "relevance", "stars", "orphan"} and sum(n for n, _ in counted.values()) == 4
+    post_logs(client, auth, evaluation_log(at=NOW + 9, gen_ai__evaluation__name="stars",
+                                           gen_ai__evaluation__score__value=0))
+    assert EvaluationRefusal.objects.get(project=project, name="stars").count == 2
+
+
+@pytest.mark.django_db
+def test_a_fully_scored_batch_answers_no_partial_success(client, auth):
+    response = post_logs(client, auth, evaluation_log(gen_ai__evaluation__name="relevance",
+                                                      gen_ai__evaluation__score__value=1))
+    assert response.json() == {} and not EvaluationRefusal.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_span_whose_evaluation_makes_no_score_is_stored_with_a_warning(client, auth, project):
+    ScoreConfig.objects.create(project=project, name="helpful", kind="categorical", labels=["yes", "no"])
+    span = chat_span() | {"events": [{"name": "gen_ai.evaluation.result", "timeUnixNano": str(NOW),
+                                      "attributes": [attribute("gen_ai.evaluation.name", "helpful"),
+                                                     attribute("gen_ai.evaluation.score.label", "<maybe>")]}]}
+    body = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [span]}]}]}
+    response = client.post("/v1/traces", json.dumps(body), content_type="application/json", **auth)
+    assert response.status_code == 200
+    partial = response.json()["partialSuccess"]
+    assert partial.get("rejectedSpans", "0") == "0"  # the span is stored
+    assert partial["errorMessage"].startswith("1 gen_ai.evaluation.result span event(s) made no score")
+    assert "helpful has no label '<maybe>'" in partial["errorMessage"]
+    assert Span.objects.filter(project=project).count() == 1 and not Score.objects.exists()
+    assert EvaluationRefusal.objects.get(project=project, name="helpful").count == 1
 
 
 @pytest.mark.django_db

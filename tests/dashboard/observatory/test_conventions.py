@@ -166,3 +166,42 @@ def test_it_answers_fast_for_spans_no_convention_describes():
     assert conventions.link_facts(plain, {}, False) == ("", "", "", "")
     assert not conventions.is_genai(plain, {})
     assert conventions.is_genai({"llm.input_messages.0.message.role": "user"}, {})
+
+
+# --- the tools offered to the model ---------------------------------------------------
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+def test_tools_offered_read_from_the_genai_definitions_json():
+    from dashboard.observatory.conventions import tools_offered
+
+    definitions = [{"type": "function", "name": "get_weather", "description": "Weather now", "parameters": WEATHER},
+                   {"type": "function", "name": "search"}, {"no": "name"}]
+    assert tools_offered({"gen_ai.tool.definitions": json.dumps(definitions)}) == [
+        {"name": "get_weather", "description": "Weather now", "parameters": WEATHER}, {"name": "search"}]
+    assert tools_offered({"gen_ai.tool.definitions": definitions[:1]}) == [  # an array value
+        {"name": "get_weather", "description": "Weather now", "parameters": WEATHER}]
+
+
+def test_tools_offered_read_from_openinference_and_openllmetry_indexed_keys():
+    from dashboard.observatory.conventions import tools_offered
+
+    schema = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+    assert tools_offered({"llm.tools.1.tool.json_schema": json.dumps({"name": "search"}),
+                          "llm.tools.0.tool.json_schema": json.dumps(schema)}) == [
+        {"name": "get_weather", "parameters": WEATHER}, {"name": "search"}]
+    assert tools_offered({"llm.request.functions.0.name": "lookup", "llm.request.functions.0.description": "find",
+                          "llm.request.functions.0.parameters": json.dumps(WEATHER)}) == [
+        {"name": "lookup", "description": "find", "parameters": WEATHER}]
+
+
+@pytest.mark.parametrize("attributes", [
+    {}, {"gen_ai.tool.definitions": '[{"name": "cut at the lim'}, {"gen_ai.tool.definitions": "{}"},
+    {"gen_ai.tool.definitions": "[1, 2]"}, {"llm.tools.x.tool.json_schema": "{}"},
+    {"gen_ai.request.model": "gpt-4o"},
+])
+def test_tools_offered_is_none_when_the_span_does_not_say(attributes):
+    from dashboard.observatory.conventions import tools_offered
+
+    assert tools_offered(attributes) is None

@@ -11,7 +11,7 @@ import json
 
 import pytest
 from django.urls import reverse
-from tests.dashboard.web.pages_factories import PASSWORD, full_conversation, message_record, store
+from tests.dashboard.web.pages_factories import PASSWORD, add_span, full_conversation, message_record, store
 
 from dashboard.accounts.models import Membership
 from dashboard.accounts.services import membership_add
@@ -51,12 +51,49 @@ def test_a_round_added_from_the_timeline_keeps_its_input_output_and_source(clien
     assert item.input["user_message"] == round1.user_message
     # the context the model saw: the messages of the rounds before (not this round's)
     assert [m["content"] for m in item.input["messages"]] == ["What were sales in the north?", "Sales were 12."]
-    assert item.input["tools"] == ["load_csv", "query_sales"]
+    assert item.input["tools_called"] == ["load_csv", "query_sales"]  # no span says what was offered
+    assert "tools_offered" not in item.input
     assert item.output["final_answer"] == round1.final_answer
     assert [call["tool"] for call in item.output["tool_calls"]] == ["query_sales", "load_csv"]
     assert item.source == {"conversation_id": "conv-1", "round_id": "conv-1-r1", "trace_id": "", "model": "gpt-4o"}
     again = add(client_in, project, target="round", object=round1.pk, dataset=dataset.pk)
     assert again.status_code == 302 and DatasetItem.objects.filter(dataset=dataset).count() == 1
+
+
+SALES = {"type": "object", "properties": {"region": {"type": "string"}}}
+
+
+def test_the_tools_offered_to_the_model_are_kept_where_a_span_says_else_the_tools_called(client_in, project,
+                                                                                         conversation):
+    import json as json_
+
+    round0 = Round.objects.get(conversation=conversation, round_id="conv-1-r0")  # a recorded round, in a trace
+    round1 = Round.objects.get(conversation=conversation, round_id="conv-1-r1")
+    # round 0: an OpenInference LLM span of its trace, in the round's time, lists the tools
+    add_span(project, "ab" * 16, "1" * 16, "llm", start_ms=500, attributes={
+        "llm.tools.0.tool.json_schema": json_.dumps({"type": "function", "function": {
+            "name": "query_sales", "description": HOSTILE, "parameters": SALES}}),
+        "llm.tools.1.tool.json_schema": json_.dumps({"name": "send_email"})})
+    add_span(project, "ab" * 16, "3" * 16, "later llm", start_ms=3_600_000, attributes={
+        "gen_ai.tool.definitions": json_.dumps([{"type": "function", "name": "not_this_round"}])})
+    # round 1: its own model call span (GenAI) says
+    add_span(project, "ef" * 16, "2" * 16, "chat", attributes={
+        "gen_ai.tool.definitions": json_.dumps([{"type": "function", "name": "load_csv"},
+                                                {"type": "function", "name": "plot"}])})
+    Round.objects.filter(pk=round1.pk).update(trace_id="ef" * 16, span_id="2" * 16)
+
+    add(client_in, project, target="round", object=round0.pk, new_name="offered")
+    add(client_in, project, target="round", object=round1.pk, new_name="offered")
+    add(client_in, project, target="conversation", object=conversation.pk, new_name="offered")
+    items = {item.item_id: item.input for item in DatasetItem.objects.filter(dataset__name="offered")}
+    assert items["round:conv-1:conv-1-r0"]["tools_offered"] == [
+        {"name": "query_sales", "description": HOSTILE, "parameters": SALES}, {"name": "send_email"}]
+    assert [t["name"] for t in items["round:conv-1:conv-1-r1"]["tools_offered"]] == ["load_csv", "plot"]
+    assert [t["name"] for t in items["conversation:conv-1"]["tools_offered"]] == [
+        "query_sales", "send_email", "load_csv", "plot"]
+    assert not any("tools_called" in item for item in items.values())
+    page = client_in.get(reverse("web:dataset", args=[project.slug, Dataset.objects.get(name="offered").pk]))
+    assert HOSTILE not in page.content.decode()
 
 
 def test_a_conversation_and_a_filtered_list_are_added_whole(client_in, project, conversation):

@@ -162,3 +162,53 @@ def test_the_queue_pages_read_a_constant_number_of_rows(client_in, listed, djang
         assert client_in.get(reverse("web:review_queue", args=[listed.slug, queue.pk])).status_code == 200
     with django_assert_max_num_queries(8):
         assert client_in.get(reverse("web:review_queues", args=[listed.slug])).status_code == 200
+
+
+def test_a_queue_from_a_relative_filter_keeps_it_relative_shows_when_it_was_filled_and_refills_as_of_now(
+        client_in, project):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    for name, ago in (("err-recent", timedelta(hours=2)), ("err-old", timedelta(days=3))):
+        Conversation.objects.create(project=project, external_id=name, title=name, has_errors=True,
+                                    started_at=now - ago, last_activity_at=now - ago)
+    Conversation.objects.create(project=project, external_id="ok-recent", title="ok-recent", started_at=now)
+    response = make(client_in, project, name="errors today", query="has_errors=on&within=24h")
+    queue = ReviewQueue.objects.get(project=project)
+    assert queue.query == "has_errors=on&within=24h"  # as given: no absolute date
+    assert list(queue.items.values_list("conversation__external_id", flat=True)) == ["err-recent"]
+    assert now <= queue.filled_at <= timezone.now()
+    page = client_in.get(response["Location"]).content.decode()
+    assert "has errors, started in the last 24h" in page and f"{queue.filled_at:%Y-%m-%d %H:%M} UTC" in page
+    listing = client_in.get(reverse("web:review_queues", args=[project.slug])).content.decode()
+    assert "has errors, started in the last 24h" in listing
+
+    # A day later: the first item stays (a snapshot), the refill reads "the last 24h" as of now.
+    ReviewQueue.objects.filter(pk=queue.pk).update(filled_at=now - timedelta(days=1))
+    Conversation.objects.filter(project=project, external_id="err-recent").update(started_at=now - timedelta(days=2))
+    Conversation.objects.create(project=project, external_id="err-new", title="err-new", has_errors=True,
+                                started_at=timezone.now())
+    client_in.post(reverse("web:review_queue_refill", args=[project.slug, queue.pk]))
+    queue.refresh_from_db()
+    assert list(queue.items.order_by("position").values_list("conversation__external_id", flat=True)) == [
+        "err-recent", "err-new"]
+    assert queue.filled_at > now
+
+
+def test_the_list_filters_by_a_relative_start_and_refuses_a_bad_one(client_in, project):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    for name, ago in (("new", timedelta(minutes=30)), ("day", timedelta(hours=20)), ("old", timedelta(days=3))):
+        Conversation.objects.create(project=project, external_id=name, title=name, started_at=now - ago)
+    listed = client_in.get(reverse("web:conversations", args=[project.slug]), {"within": "24h"})
+    assert {c.external_id for c in listed.context["page"].rows} == {"new", "day"}
+    # with an absolute start too, the later of the two counts
+    both = client_in.get(reverse("web:conversations", args=[project.slug]),
+                         {"within": "24h", "since": f"{now - timedelta(hours=1):%Y-%m-%dT%H:%M}"})
+    assert {c.external_id for c in both.context["page"].rows} == {"new"}
+    assert client_in.get(reverse("web:conversations", args=[project.slug]), {"within": "2y"}).status_code == 400

@@ -192,6 +192,57 @@ def test_the_choices_of_another_projects_round_are_a_404(client_in, project, oth
     assert response.status_code == 404
 
 
+def edits_link(body, score):
+    return re.search(rf'<a [^>]*href="([^"]*/scores/{score.pk}/edits/)"[^>]*data-testid="score-edited"[^>]*>'
+                     r'\s*edited (\d+)×', body)
+
+
+def test_an_edited_score_shows_how_often_and_its_history_on_demand(client_in, project, member, conversation):
+    round1 = Round.objects.get(conversation=conversation, round_id="conv-1-r1")
+    add(client_in, project, target="round", object=round1.pk, thumb="up", comment="clear")
+    score = Score.objects.get()
+    assert edits_link(timeline(client_in, conversation), score) is None  # never edited: nothing to show
+    add(client_in, project, target="round", object=round1.pk, thumb="down", comment=HOSTILE)
+    api_scores(project, {"score_id": "api-1", "name": "stars", "value": 2, "conversation_id": "conv-1"},)
+    api_scores(project, {"score_id": "api-1", "name": "stars", "value": 4, "conversation_id": "conv-1",
+                         "comment": HOSTILE})
+    stars = Score.objects.get(score_id="api-1")
+    body = timeline(client_in, conversation)
+    found = edits_link(body, score)
+    assert found and found.group(2) == "1" == str(ScoreEdit.objects.filter(score=score).count())
+    assert edits_link(body, stars).group(2) == "1"
+    history = client_in.get(found.group(1), HTTP_HX_REQUEST="true")
+    assert history.status_code == 200
+    text = history.content.decode()
+    assert text.count('data-testid="score-edit"') == 1 and "ana" in text
+    assert "true" in text and "false" in text  # the value before and after
+    assert HOSTILE not in text and "&lt;script&gt;" in text
+
+
+def test_the_trace_page_shows_a_scores_edits(client_in, project, conversation):
+    trace = "ab" * 16
+    add_span(project, trace, "1" * 16, "agent")
+    for value in (0.2, 0.5, 0.9):
+        api_scores(project, {"score_id": "rel", "name": "relevance", "value": value, "trace_id": trace,
+                             "span_id": "1" * 16})
+    score = Score.objects.get(score_id="rel")
+    body = client_in.get(reverse("web:trace", args=[project.slug, trace])).content.decode()
+    assert edits_link(body, score).group(2) == "2"
+    text = client_in.get(edits_link(body, score).group(1)).content.decode()
+    assert text.count('data-testid="score-edit"') == 2 and "0.2" in text and "0.9" in text
+
+
+def test_another_projects_score_history_is_a_404(client, client_in, project, other_project, stranger):
+    api_scores(other_project, {"score_id": "x", "name": "stars", "value": 1, "conversation_id": "c"})
+    api_scores(other_project, {"score_id": "x", "name": "stars", "value": 2, "conversation_id": "c"})
+    theirs = Score.objects.get(project=other_project)
+    assert client_in.get(reverse("web:score_edits", args=[project.slug, theirs.pk])).status_code == 404
+    assert client_in.get(reverse("web:score_edits", args=[other_project.slug, theirs.pk])).status_code == 404
+    assert client_in.get(f"/p/{project.slug}/scores/99999999999999999999999/edits/").status_code == 404
+    client.force_login(stranger)
+    assert client.get(reverse("web:score_edits", args=[other_project.slug, theirs.pk])).status_code == 200
+
+
 # --- shown elsewhere ---------------------------------------------------------------------
 
 
@@ -343,11 +394,51 @@ def test_a_summary_bucket_drills_down_to_the_conversations_scored_in_it(client_i
                {"name": "stars", "value": 4, "conversation_id": "late", "occurred_at": hour})
     response = client_in.get(reverse("web:scores", args=[project.slug]), {"range": "24h"})
     chart = response.context["names"][0][1]["data"]
-    assert chart["counts"] == [1, 1] and chart["means"] == [2.0, 4.0]  # the buckets that have scores, in order
-    first, second = (client_in.get(link).context["page"].rows for link in chart["links"])
+    scored = [i for i, count in enumerate(chart["counts"]) if count]
+    assert [chart["counts"][i] for i in scored] == [1, 1] and [chart["means"][i] for i in scored] == [2.0, 4.0]
+    assert scored[1] - scored[0] == 3  # the hours between are there, empty
+    first, second = (client_in.get(chart["links"][i]).context["page"].rows for i in scored)
     assert [c.external_id for c in first] == ["early"] and [c.external_id for c in second] == ["late"]
+    assert not client_in.get(chart["links"][scored[0] + 1]).context["page"].rows
+
+
+@pytest.mark.parametrize("range_, step, points", [("24h", timedelta(hours=1), 24), ("7d", timedelta(hours=1), 168),
+                                                  ("30d", timedelta(days=1), (30, 31))])
+def test_the_summary_series_has_every_bucket_of_the_range_equal_to_the_rows(client_in, project, range_, step,
+                                                                           points):
+    full_conversation(project, "c", rounds=1)
+    api_scores(project, *[{"name": "stars", "value": v, "conversation_id": "c", "occurred_at": NOW - ago}
+                          for v, ago in ((1, timedelta(hours=2)), (3, timedelta(hours=2, minutes=5)),
+                                         (5, timedelta(hours=20)), (2, timedelta(days=4)))])
+    response = client_in.get(reverse("web:scores", args=[project.slug]), {"range": range_})
+    summary = response.context["names"][0][0]
+    starts = [start for start, _, _ in summary.series]
+    assert len(starts) in (points if isinstance(points, tuple) else (points,))
+    assert all(b - a == step for a, b in zip(starts, starts[1:]))  # no bucket missing
+    assert starts[0] <= response.context["since"] < starts[0] + step
+    for start, count, mean in summary.series:
+        mine = [s.value for s in Score.objects.filter(project=project, occurred_at__gte=start,
+                                                      occurred_at__lt=start + step)]
+        assert count == len(mine)
+        assert mean == (pytest.approx(sum(mine) / len(mine)) if mine else None)
+    assert sum(count for _, count, _ in summary.series) == summary.count
+    chart = response.context["names"][0][1]["data"]
+    assert len(chart["counts"]) == len(chart["means"]) == len(chart["links"]) == len(starts)
+    assert None in chart["means"] and 0 in chart["counts"]
 
 
 def test_the_summary_is_empty_without_scores(client_in, project):
     body = client_in.get(reverse("web:scores", args=[project.slug])).content.decode()
     assert 'data-testid="no-scores"' in body
+
+
+def test_the_summary_shows_the_evaluations_ingest_refused_of_its_project_only(client_in, project, other_project):
+    from dashboard.judging.services import evaluation_refusals_count
+
+    evaluation_refusals_count(project=project, refusals=[("stars", "stars must be within 1..5; got 9"),
+                                                         (HOSTILE, "no value"), ("stars", "got 0")])
+    evaluation_refusals_count(project=other_project, refusals=[("theirs", "secret reason")])
+    body = client_in.get(reverse("web:scores", args=[project.slug])).content.decode()
+    rows = re.findall(r'<tr data-testid="evaluation-refusal">(.*?)</tr>', body, re.S)
+    assert len(rows) == 2 and any("stars" in row and ">2<" in row and "got 0" in row for row in rows)
+    assert HOSTILE not in body and "theirs" not in body and "secret reason" not in body
