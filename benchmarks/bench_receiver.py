@@ -1,12 +1,13 @@
 """The OTLP/HTTP receiver (``manage.py otlp_http``) on each of its servers, side by side
-in one sitting: the hand-built one (``--server builtin``), Granian and uvicorn serving
-the ASGI app (``dashboard.ingest.receiver_app``), the same group commit behind each.
+in one sitting: Granian and uvicorn serving the ASGI app (``dashboard.ingest.receiver_app``),
+the same group commit behind each. (At 6b2b1b6 it also ran the hand-built server this
+replaced, ``--server builtin``: the figures in deploy/SCALING.md.)
 
     .venv/bin/python -m benchmarks.bench_receiver --db sqlite --rounds 2 [--bad-input]
 
 One database (a fresh SQLite data dir, or a private PostgreSQL) and one key for all;
-each round starts each server in turn (the order rotates every round, so A B C then
-B C A: a drift of the shared machine falls on each), with ``--processes`` processes,
+each round starts each server in turn (the order rotates every round, so A B then
+B A: a drift of the shared machine falls on each), with ``--processes`` processes,
 and measures, once it is idle (the derivations of the run before done):
 
 - 10-span protobuf batches from ``--clients`` keep-alive senders (one thread of
@@ -32,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -56,7 +56,7 @@ from benchmarks.http_load import post_all
 from benchmarks.load import django_env
 
 PROTOBUF = "application/x-protobuf"
-SERVERS = ("builtin", "granian", "uvicorn")
+SERVERS = ("granian", "uvicorn")
 
 
 @contextmanager
@@ -275,6 +275,13 @@ def bad_input(port: int, key: str, limit: int, deadline: float) -> list[tuple[st
 
 def run(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="bench-receiver-"))
+    try:
+        _run(args, workdir)
+    finally:
+        subprocess.run(["rm", "-rf", str(workdir)], check=False)
+
+
+def _run(args: argparse.Namespace, workdir: Path) -> None:
     with private_postgres(workdir) if args.db == "postgres" else nullcontext("") as database_url:
         env = {**django_env(workdir, database_url), "OBSERVATORY_DERIVE_BACKLOG_SECONDS": "0"}
         manage(env, "migrate", "--noinput")
@@ -325,7 +332,6 @@ def run(args: argparse.Namespace) -> None:
                 return f"{format(min(values), fmt)}–{format(max(values), fmt)}"
             print(f"{server:<8} {span('rps', ',.0f'):>14} {span('cpu_ms', '.2f'):>12} {span('p95_ms', '.1f'):>12} "
                   f"{span('spans_s', ',.0f'):>16} {span('pss_mb', '.0f'):>10} {span('rss_mb', '.0f'):>10}")
-    subprocess.run(["rm", "-rf", str(workdir)], check=False)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -342,7 +348,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bad-input", action="store_true", help="run the hostile-client checks against each server first")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
-    threading.stack_size(0)
     run(args)
 
 

@@ -160,28 +160,26 @@ class ReceiverApp:
         """The body, bounded in size, in time (from now) and by the memory all requests hold."""
         deadline = self.loop.time() + self.read_timeout  # type: ignore[union-attr]
         try:
-            while True:
-                remaining = deadline - self.loop.time()  # type: ignore[union-attr]
-                if remaining <= 0:
-                    raise _Refused(408, "the request did not arrive in time")
-                try:
-                    message = await asyncio.wait_for(receive(), remaining)
-                except asyncio.TimeoutError:
-                    raise _Refused(408, "the request did not arrive in time") from None
-                if message["type"] == "http.disconnect":
-                    raise _Gone
-                chunk = message.get("body", b"")
-                if chunk:
-                    request.size += len(chunk)
-                    self._check_size(request.size)
-                    if self.held + len(chunk) > self.memory_budget:
-                        raise _Refused(503, "ingest memory in use by other requests, retry later",
-                                       retry_after=BUSY_RETRY_AFTER)
-                    self.held += len(chunk)
-                    request.held += len(chunk)
-                    request.body.append(chunk)
-                if not message.get("more_body", False):
-                    return
+            async with asyncio.timeout_at(deadline):  # one timer for the whole body, not one a chunk
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise _Gone
+                    chunk = message.get("body", b"")
+                    if chunk:
+                        request.size += len(chunk)
+                        self._check_size(request.size)
+                        if self.held + len(chunk) > self.memory_budget:
+                            raise _Refused(503, "ingest memory in use by other requests, retry later",
+                                           retry_after=BUSY_RETRY_AFTER)
+                        self.held += len(chunk)
+                        request.held += len(chunk)
+                        request.body.append(chunk)
+                    if not message.get("more_body", False):
+                        return
+        except TimeoutError:
+            self._free(request)
+            raise _Refused(408, "the request did not arrive in time") from None
         except BaseException:
             self._free(request)
             raise

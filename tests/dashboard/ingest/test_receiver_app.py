@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import http.client
 import json
 import os
 import signal
@@ -35,7 +36,6 @@ from dashboard.observatory.models import IngestTransport, LogRecord, Span
 from .database_faults import broken_table, busy_database, faults, names_nothing_internal, poisoned_spans
 from .test_grpc_server import spans_request
 from .test_otlp_logs import make_logs
-from .test_receiver import _children, answers, own_database, post, raw, request_bytes  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[3]
@@ -45,6 +45,46 @@ PROTOBUF = "application/x-protobuf"
 @pytest.fixture
 def key():
     return apikey_create(project=project_create(name="receiver agents"))[1]
+
+
+def post(port: int, body: bytes, key: str | None, *, path: str = "/v1/traces", content_type: str = PROTOBUF,
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    try:
+        sent = {"Content-Type": content_type, **({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
+        client.request("POST", path, body=body, headers=sent)
+        response = client.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        client.close()
+
+
+def raw(port: int, data: bytes, *, timeout: float = 15) -> bytes:
+    """Send bytes as they are; what came back until the server closed (or the timeout)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        return received
+
+
+def request_bytes(body: bytes, key: str, *, path: str = "/v1/traces", content_type: str = PROTOBUF) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def answers(data: bytes) -> list[tuple[int, bytes]]:
+    """The (status, body) of each HTTP/1.1 answer in ``data``, in order."""
+    found = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length"))
+        found.append((status, rest[:length]))
+        data = rest[length:]
+    return found
 
 
 class Uvicorn:
@@ -367,6 +407,35 @@ def test_a_lone_sender_is_not_kept_waiting_fake_asgi_client(monkeypatch, key):
     assert Span.objects.count() == 3
 
 
+@pytest.fixture
+def own_database(tmp_path):
+    """A database file of its own (the served processes are other processes), its key."""
+    from benchmarks.bench_ingest import manage
+    from benchmarks.load import django_env
+
+    env = {**django_env(tmp_path, ""), "OBSERVATORY_DERIVE_INLINE": "0"}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    manage(env, "migrate", "--noinput")
+    code = ("from dashboard.accounts.services import project_create, apikey_create\n"
+            "print(apikey_create(project=project_create(name='p'))[1])\n")
+    return env, manage(env, "shell", "-c", code).strip().splitlines()[-1]
+
+
+def _children(pid: int, count: int, *, without: int | None = None, timeout: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = [int(child) for task in os.listdir(f"/proc/{pid}/task")
+                     for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except OSError:
+            found = []
+        if len(found) == count and without not in found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"children of {pid}: {found}")
+        time.sleep(0.1)
+
+
 # --- manage.py otlp_http --server granian ---------------------------------------------------
 
 
@@ -386,7 +455,7 @@ def _until_listening(port: int, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
-def test_granian_serves_replaces_a_killed_worker_and_stops_on_sigterm(own_database):  # noqa: F811
+def test_granian_serves_replaces_a_killed_worker_and_stops_on_sigterm(own_database):
     from benchmarks.bench_ingest import free_port, manage
 
     env, own_key = own_database
