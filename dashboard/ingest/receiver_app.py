@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import ctypes
 import logging
 import os
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -68,6 +70,25 @@ class _Request:
     body: list[bytes] = field(default_factory=list)
     size: int = 0  # body bytes read
     held: int = 0  # ... and counted in the app's ``held``
+
+
+PARENT_VARIABLE = "OBSERVATORY_RECEIVER_PARENT"  # the server's main process, set by manage.py otlp_http
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent() -> None:
+    """In a worker of ``manage.py otlp_http``: have the kernel send SIGTERM when the
+    server's main process dies (``kill -9`` included), so no worker goes on serving the
+    port unsupervised (Granian leaves its workers running when its main process is killed)."""
+    parent = os.environ.get(PARENT_VARIABLE)
+    if not parent:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != int(parent):  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def allow_blocking_database() -> None:
@@ -260,6 +281,7 @@ class ReceiverApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 allow_blocking_database()
+                stop_with_parent()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.close()

@@ -268,7 +268,9 @@ def test_bodies_held_at_once_stay_within_the_memory_budget(settings, monkeypatch
             time.sleep(0.3)
             status, headers, _ = post(running.port, small, key)
             assert (status, headers["retry-after"]) == (503, "2")
-            assert post(running.port, spans_request(1, big="l" * 1_200_000), key)[0] == 413  # never fits
+            never_fits = request_bytes(spans_request(1, big="l" * 1_200_000), key)
+            head = never_fits[:never_fits.index(b"\r\n\r\n") + 4]  # (uvicorn resets under a body sent on)
+            assert raw(running.port, head).startswith(b"HTTP/1.1 413 ")  # never fits
             holder.sendall(held[-10:])
             assert answers(holder.recv(65536))[0][0] == 413  # decoded under its own budget: too big
         assert post(running.port, small, key)[0] == 200  # room again
@@ -288,6 +290,35 @@ def test_a_stalled_sender_gets_408_while_others_are_served(served, key):
             got += chunk
         assert answers(got)[0][0] == 408 and time.monotonic() - started < 10
     assert Span.objects.count() == 3 and served.app.held == 0
+
+
+def test_a_429_comes_after_the_body_is_read_and_keeps_the_connection(served, key, settings, monkeypatch):
+    """The derivations behind: a 429 with Retry-After, answered once the body was read
+    whole, so the connection stays usable for the batch sent again; nothing stored."""
+    from dashboard.accounts.models import Project
+    from dashboard.ingest import common
+
+    from .test_backlog import backlog
+
+    settings.OBSERVATORY_DERIVE_BACKLOG_SECONDS = 10
+    monkeypatch.setattr(common, "BACKLOG_READ_EVERY", 0.0)
+    waiting = backlog(Project.objects.get(name="receiver agents"), waited=30)
+    client = http.client.HTTPConnection("127.0.0.1", served.port, timeout=15)
+    headers = {"Content-Type": PROTOBUF, "Authorization": f"Bearer {key}"}
+    try:
+        client.request("POST", "/v1/traces", body=spans_request(2, big="b" * 200_000), headers=headers)
+        response = client.getresponse()
+        response.read()
+        assert (response.status, response.getheader("Retry-After"), response.getheader("Connection")) == (
+            429, str(common.BACKLOG_RETRY_AFTER), None)
+        waiting.delete()  # caught up
+        client.request("POST", "/v1/traces", body=spans_request(2), headers=headers)  # the same connection
+        response = client.getresponse()
+        response.read()
+        assert response.status == 200
+    finally:
+        client.close()
+    assert Span.objects.count() == 2 and served.app.held == 0
 
 
 # --- the group commit, through the ASGI interface (the client faked at that edge) --------
@@ -480,3 +511,30 @@ def test_granian_serves_replaces_a_killed_worker_and_stops_on_sigterm(own_databa
             process.wait()
     count = manage(env, "shell", "-c", "from dashboard.observatory.models import Span; print(Span.objects.count())")
     assert count.strip().splitlines()[-1] == "4"
+
+
+@pytest.mark.parametrize("server", ["granian"])  # uvicorn's workers outlive it by over 30 s still
+def test_the_workers_stop_when_the_server_s_main_process_is_killed(own_database, server):
+    """kill -9 of ``manage.py otlp_http``: its workers do not go on serving unsupervised."""
+    from benchmarks.bench_ingest import free_port
+
+    env, _ = own_database
+    port = free_port()
+    process = _otlp_http(env, port, server)
+    try:
+        _until_listening(port)
+        workers = _children(process.pid, 2, timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers):
+        assert time.monotonic() < deadline, "workers still serving after their main process was killed"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return False

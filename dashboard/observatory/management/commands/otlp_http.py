@@ -11,10 +11,13 @@ or ``uvicorn`` (installed with the test extra: ``pip install uvicorn httptools``
 
 from __future__ import annotations
 
+import os
+
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from dashboard.env import OTLP_HTTP_SERVERS
+from dashboard.ingest.receiver_app import PARENT_VARIABLE
 
 APP = "dashboard.receiver_asgi:application"
 
@@ -42,6 +45,7 @@ class Command(BaseCommand):
             self.stdout.write(f"OTLP/HTTP listening on {host}:{bound} ({processes} processes, {server})")
             self.stdout.flush()
 
+        os.environ[PARENT_VARIABLE] = str(os.getpid())  # its workers stop when this process dies
         if server == "granian":
             _granian(host, port, processes, grace, ready)
         else:
