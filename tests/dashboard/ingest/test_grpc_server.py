@@ -25,6 +25,7 @@ from dashboard.ingest.common import IngestError
 from dashboard.ingest.grpc_server import LOGS_SERVICE, TRACE_SERVICE, grpc_server_build, status_of
 from dashboard.observatory.models import IngestTransport, LogRecord, Span
 
+from .conftest import spans_stored
 from .database_faults import broken_reports, broken_table, busy_database, faults, names_nothing_internal
 from .test_otlp_logs import make_logs
 
@@ -258,7 +259,7 @@ def test_a_broken_database_is_internal_without_retry_info_logged_and_counted_onc
     assert faults(IngestTransport.OTLP_GRPC, project) == 1
 
 
-def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_sigterm(tmp_path):
+def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_sigterm(own_database):
     """``manage.py otlp_grpc --processes 2``: two processes on the port (SO_REUSEPORT),
     each storing; SIGTERM to the parent stops both."""
     import os
@@ -267,15 +268,9 @@ def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_si
     import sys
     from pathlib import Path
 
-    from benchmarks.bench_ingest import free_port, manage
-    from benchmarks.load import django_env
+    from benchmarks.bench_ingest import free_port
 
-    env = {**django_env(tmp_path, ""), "OBSERVATORY_DERIVE_INLINE": "0"}
-    env.pop("PYTEST_CURRENT_TEST", None)
-    manage(env, "migrate", "--noinput")
-    code = ("from dashboard.accounts.services import project_create, apikey_create\n"
-            "print(apikey_create(project=project_create(name='p'))[1])\n")
-    own_key = manage(env, "shell", "-c", code).strip().splitlines()[-1]
+    env, own_key = own_database
     port = free_port()
     process = subprocess.Popen([sys.executable, "manage.py", "otlp_grpc", "--port", str(port), "--processes", "2"],
                                cwd=Path(__file__).resolve().parents[3], env=env, stdout=subprocess.PIPE,
@@ -295,5 +290,4 @@ def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_si
         if process.poll() is None:
             process.kill()
             process.wait()
-    count = manage(env, "shell", "-c", "from dashboard.observatory.models import Span; print(Span.objects.count())")
-    assert count.strip().splitlines()[-1] == "6"
+    assert spans_stored(env) == 6

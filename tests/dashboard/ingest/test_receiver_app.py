@@ -33,6 +33,7 @@ from dashboard.ingest import receiver_app
 from dashboard.ingest import spans as spans_module
 from dashboard.observatory.models import IngestTransport, LogRecord, Span
 
+from .conftest import spans_stored
 from .database_faults import broken_table, busy_database, faults, names_nothing_internal, poisoned_spans
 from .test_grpc_server import spans_request
 from .test_otlp_logs import make_logs
@@ -438,20 +439,6 @@ def test_a_lone_sender_is_not_kept_waiting_fake_asgi_client(monkeypatch, key):
     assert Span.objects.count() == 3
 
 
-@pytest.fixture
-def own_database(tmp_path):
-    """A database file of its own (the served processes are other processes), its key."""
-    from benchmarks.bench_ingest import manage
-    from benchmarks.load import django_env
-
-    env = {**django_env(tmp_path, ""), "OBSERVATORY_DERIVE_INLINE": "0"}
-    env.pop("PYTEST_CURRENT_TEST", None)
-    manage(env, "migrate", "--noinput")
-    code = ("from dashboard.accounts.services import project_create, apikey_create\n"
-            "print(apikey_create(project=project_create(name='p'))[1])\n")
-    return env, manage(env, "shell", "-c", code).strip().splitlines()[-1]
-
-
 def _children(pid: int, count: int, *, without: int | None = None, timeout: float = 20) -> list[int]:
     deadline = time.monotonic() + timeout
     while True:
@@ -487,7 +474,7 @@ def _until_listening(port: int, timeout: float = 60) -> None:
 
 
 def test_granian_serves_replaces_a_killed_worker_and_stops_on_sigterm(own_database):
-    from benchmarks.bench_ingest import free_port, manage
+    from benchmarks.bench_ingest import free_port
 
     env, own_key = own_database
     port = free_port()
@@ -509,8 +496,7 @@ def test_granian_serves_replaces_a_killed_worker_and_stops_on_sigterm(own_databa
         if process.poll() is None:
             process.kill()
             process.wait()
-    count = manage(env, "shell", "-c", "from dashboard.observatory.models import Span; print(Span.objects.count())")
-    assert count.strip().splitlines()[-1] == "4"
+    assert spans_stored(env) == 4
 
 
 @pytest.mark.parametrize("server", ["granian"])  # uvicorn's workers outlive it by over 30 s still
