@@ -60,17 +60,16 @@ RETRYABLE = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
 
 @contextmanager
 def grpc_receivers(env: dict[str, str], port: int, processes: int) -> Iterator[list[subprocess.Popen]]:
-    env = {**env, "OBSERVATORY_GRPC_REUSEPORT": "1" if processes > 1 else "0"}
+    """``manage.py otlp_grpc --processes N``: N processes serving the port (SO_REUSEPORT)."""
     servers = [
-        subprocess.Popen([PYTHON, "manage.py", "otlp_grpc", "--port", str(port)], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(processes)
+        subprocess.Popen([PYTHON, "manage.py", "otlp_grpc", "--port", str(port), "--processes", str(processes)],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ]
     try:
-        for server in servers:
-            line = server.stdout.readline()  # "OTLP/gRPC listening on ..."
+        for _ in range(processes):
+            line = servers[0].stdout.readline()  # "OTLP/gRPC listening on ...", one a process
             if "listening" not in line:
-                raise SystemExit(f"otlp_grpc did not start: {line}{server.stderr.read()[-2000:]}")
+                raise SystemExit(f"otlp_grpc did not start: {line}{servers[0].stderr.read()[-2000:]}")
         yield servers
     finally:
         for server in servers:
@@ -191,7 +190,7 @@ def run_one(db: str, args: argparse.Namespace, batches: list[bytes]) -> dict[str
                         seconds, retries, failures = send_grpc(port, key, batches, args.clients)
                         cpu = sum(cpu_seconds(process_tree(s.pid)) for s in servers) - cpu_before
                 else:
-                    with gunicorn(env, port, workers=args.processes, worker_class="gthread",
+                    with gunicorn(env, port, workers=args.http_workers or args.processes, worker_class="gthread",
                                   threads=args.threads) as server:
                         send_all(port, "/v1/traces", "application/x-protobuf", key,
                                  [b""] * args.clients * 2, args.clients)  # warm up
@@ -216,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--processes", type=int, default=2, help="receivers (gRPC) / gunicorn workers (HTTP)")
     parser.add_argument("--threads", type=int, default=4, help="threads per receiver / worker")
+    parser.add_argument("--http-workers", type=int, default=None, help="gunicorn workers (default: --processes)")
     args = parser.parse_args(argv)
 
     print(f"building {args.batches} batches of {args.spans_per_batch} spans ...", flush=True)
@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"running {db} ...", flush=True)
         results.append(run_one(db, args, batches))
     print()
-    print(f"{args.processes} processes x {args.threads} threads each side, {args.clients} client threads, "
+    print(f"gRPC {args.processes} processes, HTTP {args.http_workers or args.processes} gunicorn workers, "
+          f"x {args.threads} threads each, {args.clients} client threads, "
           f"{os.cpu_count()} cores, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"{'db':9} {'transport':9} {'spans/s':>9} {'stored':>9} {'sent':>9} {'retries':>8} {'failed':>7} {'cpu-s':>7}")
     for result in results:

@@ -27,6 +27,7 @@ class Outcome:
     failures: int = 0
     statuses: dict[int, int] = field(default_factory=dict)  # retried answers by status
     first_failure: str = ""
+    latencies: list[float] = field(default_factory=list)  # seconds from a request's first byte sent to its answer
 
 
 class _Sender:
@@ -82,6 +83,7 @@ def post_all(port: int, path: str, content_type: str, key: str, bodies: list[byt
         waiting.append(sender)
 
     def answered(sender: _Sender, status: int, headers: dict[str, str], body: bytes) -> None:
+        outcome.latencies.append(time.monotonic() - sender.started)
         if headers.get("connection", "").lower() == "close":
             _close(selector, sender)
         if status in RETRY_STATUSES:

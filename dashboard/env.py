@@ -105,6 +105,17 @@ def sqlite_synchronous(name: str = "SQLITE_SYNCHRONOUS") -> str:
     return raw
 
 
+OTLP_HTTP_SERVERS = ("granian", "uvicorn")
+
+
+def otlp_http_server(name: str = "OBSERVATORY_OTLP_HTTP_SERVER") -> str:
+    """The HTTP server of ``manage.py otlp_http``: Granian unless told otherwise."""
+    raw = os.environ.get(name, "granian").strip().lower() or "granian"
+    if raw not in OTLP_HTTP_SERVERS:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(OTLP_HTTP_SERVERS)}, got {raw!r}")
+    return raw
+
+
 def database(name: str, data_dir: Path) -> dict[str, Any]:
     """DATABASES["default"] from a URL; unset means SQLite in the data dir.
 

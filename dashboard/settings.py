@@ -186,12 +186,15 @@ OBSERVATORY_GRPC_PORT = env.env_int("OBSERVATORY_GRPC_PORT", 4317, minimum=0)
 OBSERVATORY_GRPC_THREADS = env.env_int("OBSERVATORY_GRPC_THREADS", OBSERVATORY_MAX_CONCURRENT_INGEST, minimum=1)
 OBSERVATORY_GRPC_MAX_CONCURRENT_RPCS = env.env_int("OBSERVATORY_GRPC_MAX_CONCURRENT_RPCS", 64, minimum=1)
 OBSERVATORY_GRPC_REUSEPORT = env.env_bool("OBSERVATORY_GRPC_REUSEPORT", False)
-# The OTLP/HTTP receiver on a port of its own (manage.py otlp_http; dashboard/ingest/receiver.py).
+OBSERVATORY_GRPC_PROCESSES = env.env_int("OBSERVATORY_GRPC_PROCESSES", os.cpu_count() or 1, minimum=1)
+# The OTLP/HTTP receiver on a port of its own (manage.py otlp_http: Granian or uvicorn serving
+# dashboard/ingest/receiver_app.py).
 OBSERVATORY_OTLP_HTTP_HOST = env.env_str("OBSERVATORY_OTLP_HTTP_HOST", "127.0.0.1")
 OBSERVATORY_OTLP_HTTP_PORT = env.env_int("OBSERVATORY_OTLP_HTTP_PORT", 4318, minimum=0)
 OBSERVATORY_OTLP_HTTP_PROCESSES = env.env_int("OBSERVATORY_OTLP_HTTP_PROCESSES", os.cpu_count() or 1, minimum=1)
 OBSERVATORY_OTLP_HTTP_MAX_CONNECTIONS = env.env_int("OBSERVATORY_OTLP_HTTP_MAX_CONNECTIONS", 1024, minimum=1)
 OBSERVATORY_OTLP_HTTP_IDLE_TIMEOUT = env.env_int("OBSERVATORY_OTLP_HTTP_IDLE_TIMEOUT", 30, minimum=1)
+OBSERVATORY_OTLP_HTTP_SERVER = env.otlp_http_server()
 
 # Times an ingested record or span may carry (years, the upper one exclusive); items
 # outside are refused one by one, like any other invalid item.

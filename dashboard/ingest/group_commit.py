@@ -31,7 +31,7 @@ Inside a transaction already (a management command, a test's transaction), a wri
 runs in it, alone, as before.
 
 One thread may queue several writes at once (``pending_store_all``): the OTLP/HTTP
-receiver (ingest.receiver) serves many connections from one thread and stores the
+receiver (ingest.receiver_app) serves many connections from one thread and stores the
 requests that arrived together as one group, with no thread to hand them between.
 
 Writes of one kind may also be stored as one (``Together``): a group's span batches

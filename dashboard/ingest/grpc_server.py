@@ -1,7 +1,7 @@
 """OTLP/gRPC: ``TraceService/Export``, ``LogsService/Export`` and ``MetricsService/Export`` on their own port.
 
-Run by ``manage.py otlp_grpc`` in a process of its own (4317 on the loopback
-interface by default). The services are the official opentelemetry-proto ones
+Run by ``manage.py otlp_grpc`` in processes of their own (4317 on the loopback
+interface by default; one process a core sharing the port, SO_REUSEPORT). The services are the official opentelemetry-proto ones
 (names from their descriptors); the handlers take the request as raw bytes and
 hand them to ``otlp_export``, the store path HTTP uses, so both transports
 authenticate, bound, decode and store alike. This module only maps the outcome:
@@ -115,9 +115,12 @@ def _handler(signal: str) -> grpc.RpcMethodHandler:
 
 
 def grpc_server_build(*, port: int, host: str = "127.0.0.1", threads: int | None = None,
-                      max_concurrent_rpcs: int | None = None) -> tuple[grpc.Server, int]:
+                      max_concurrent_rpcs: int | None = None, reuseport: bool | None = None) -> tuple[grpc.Server, int]:
     """A server ready to start, and the port it is bound to (``port=0`` picks a
-    free one, for tests)."""
+    free one, for tests); ``reuseport``: other processes may serve the port too
+    (OBSERVATORY_GRPC_REUSEPORT by default)."""
+    if reuseport is None:
+        reuseport = settings.OBSERVATORY_GRPC_REUSEPORT
     threads = threads or settings.OBSERVATORY_GRPC_THREADS
     limit = settings.OBSERVATORY_MAX_DECODED_BYTES
     server = grpc.server(
@@ -133,7 +136,7 @@ def grpc_server_build(*, port: int, host: str = "127.0.0.1", threads: int | None
             ("grpc.max_send_message_length", 1024 * 1024),
             # Several receivers may share a port (the kernel spreads connections), as
             # gunicorn's workers share theirs; off by default so a second start fails loudly.
-            ("grpc.so_reuseport", 1 if settings.OBSERVATORY_GRPC_REUSEPORT else 0),
+            ("grpc.so_reuseport", 1 if reuseport else 0),
         ],
     )
     bound = server.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")

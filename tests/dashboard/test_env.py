@@ -13,7 +13,8 @@ from dashboard import env
     [("DEBUG", "maybe", lambda: env.env_bool("DEBUG")),
      ("OBSERVATORY_MAX_BODY_BYTES", "8MB", lambda: env.env_int("OBSERVATORY_MAX_BODY_BYTES", 1)),
      ("OBSERVATORY_MAX_BODY_BYTES", "-1", lambda: env.env_int("OBSERVATORY_MAX_BODY_BYTES", 1)),
-     ("SQLITE_SYNCHRONOUS", "OFF", lambda: env.sqlite_synchronous())],
+     ("SQLITE_SYNCHRONOUS", "OFF", lambda: env.sqlite_synchronous()),
+     ("OBSERVATORY_OTLP_HTTP_SERVER", "builtin", lambda: env.otlp_http_server())],
 )
 def test_it_names_the_variable_of_a_bad_value(monkeypatch, name, value, call):
     monkeypatch.setenv(name, value)

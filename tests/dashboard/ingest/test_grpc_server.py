@@ -25,6 +25,7 @@ from dashboard.ingest.common import IngestError
 from dashboard.ingest.grpc_server import LOGS_SERVICE, METRICS_SERVICE, TRACE_SERVICE, grpc_server_build, status_of
 from dashboard.observatory.models import IngestTransport, LogRecord, Span
 
+from .conftest import spans_stored
 from .database_faults import broken_reports, broken_table, busy_database, faults, names_nothing_internal
 from .test_otlp_logs import make_logs
 
@@ -273,3 +274,37 @@ def test_a_broken_database_is_internal_without_retry_info_logged_and_counted_onc
     (report,) = broken_reports(caplog)
     assert f"project {project.pk}" in report.getMessage() and "4 spans" in report.getMessage()
     assert faults(IngestTransport.OTLP_GRPC, project) == 1
+
+
+def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_sigterm(own_database):
+    """``manage.py otlp_grpc --processes 2``: two processes on the port (SO_REUSEPORT),
+    each storing; SIGTERM to the parent stops both."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from benchmarks.bench_ingest import free_port
+
+    env, own_key = own_database
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "manage.py", "otlp_grpc", "--port", str(port), "--processes", "2"],
+                               cwd=Path(__file__).resolve().parents[3], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    try:
+        pids = {process.stdout.readline().split("process ")[1].rstrip(")\n") for _ in range(2)}
+        assert len(pids) == 2  # two processes listening on one port
+        for index in range(6):
+            request = ExportTraceServiceRequest.FromString(spans_request(1))
+            request.resource_spans[0].scope_spans[0].spans[0].span_id = (index + 1).to_bytes(8, "big")
+            call(port, TRACES, request.SerializeToString(), own_key)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert not any(os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read().lower()
+                       for pid in pids)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert spans_stored(env) == 6
