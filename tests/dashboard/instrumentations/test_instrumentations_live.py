@@ -253,4 +253,4 @@ def test_it_shows_openai_calls_under_the_genai_instrumentation(setup, client, mo
     assert conversation.pk in listed(client, project, tool="get_weather")
     # The token budget chart: context tokens per round from the spans.
     page = client.get(f"/p/{project.slug}/conversations/{conversation.pk}/")
-    assert page.context["budget"]["context"] == [31, 55, 0]
+    assert page.context["budget"]["context"] == [31, 55, None]  # the failed call: a gap, not 0
