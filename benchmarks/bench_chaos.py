@@ -21,6 +21,12 @@ again and the agents carry on. Printed:
 - peak server RSS (master + workers) under the load; page p95 while the agents
   send (pages answered; failures during the outage counted apart).
 Targets: nothing lost, converged < 60 s, RSS < 400 MB, page p95 < 500 ms.
+
+Side by side (deploy/SCALING.md, issue 33): ``--ingest receiver --nice N`` sends the
+spans to ``manage.py otlp_http`` under ``nice -n N`` (spans only: ``--records-per-batch 0``),
+the web server serving the pages; ``--no-board`` runs the web server without the page
+board and write slots (dashboard/priority.py); ``--worker-class gthread`` with gunicorn's
+stock worker; ``--lingerers N`` adds clients slow to close on the web port.
 """
 
 from __future__ import annotations
