@@ -21,13 +21,22 @@ again and the agents carry on. Printed:
 - peak server RSS (master + workers) under the load; page p95 while the agents
   send (pages answered; failures during the outage counted apart).
 Targets: nothing lost, converged < 60 s, RSS < 400 MB, page p95 < 500 ms.
+
+Side by side (deploy/SCALING.md, issue 33): ``--ingest receiver --nice N`` sends the
+spans to ``manage.py otlp_http`` under ``nice -n N`` (spans only: ``--records-per-batch 0``),
+the web server serving the pages; ``--no-board`` runs the web server without the page
+board and write slots (dashboard/priority.py); ``--no-web-derivations`` without the web
+workers' derivation thread; ``--worker-class gthread`` with gunicorn's
+stock worker; ``--lingerers N`` adds clients slow to close on the web port.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +45,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from benchmarks.bench_ingest import PYTHON, manage, private_postgres
+from benchmarks.bench_ingest import PYTHON, free_port, manage, private_postgres, receiver
 from benchmarks.load import (
     Acknowledged,
     Agent,
@@ -59,27 +68,41 @@ def run(db: str, args: argparse.Namespace) -> dict[str, object]:
             manage(env, "migrate", "--noinput")
             setup_django(env)
             project, key, session = project_key_and_session()
-            server = Server(env)
+            options = ("-k", "gthread") if args.worker_class == "gthread" else ()
+            if args.no_board:  # a later -c wins: the deployed config without its board
+                options += ("-c", str(Path(__file__).with_name("gunicorn_no_board.conf.py")))
+                env = {**env, "OBSERVATORY_MAX_CONCURRENT_WRITES": "0"}
+            if args.no_web_derivations:
+                options += ("-c", str(Path(__file__).with_name("gunicorn_pages_only.conf.py")))
+            server = Server(env, options=options)
             server.start()
             try:
-                return _load_and_kill(server, project, key, session, args, db)
+                if args.ingest == "web":
+                    return _load_and_kill(server, project, key, session, args, db, server.port)
+                port = free_port()
+                with receiver(env, port, processes=None, log=workdir / "receiver.log", nice=args.nice):
+                    return _load_and_kill(server, project, key, session, args, db, port)
             finally:
                 server.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _load_and_kill(server: Server, project, key: str, session: str, args: argparse.Namespace, db: str) -> dict[str, object]:
+def _load_and_kill(server: Server, project, key: str, session: str, args: argparse.Namespace, db: str,
+                   ingest_port: int) -> dict[str, object]:
     acknowledged = Acknowledged()
     stop, stop_watch = threading.Event(), threading.Event()
     agents = [
-        Agent(server.port, key, acknowledged, span_batch_sizes=(args.spans_per_batch,),
+        Agent(ingest_port, key, acknowledged, span_batch_sizes=(args.spans_per_batch,),
               records_per_batch=args.records_per_batch, seed=index)
         for index in range(args.senders)
     ]
     reader = PageReader(server.port, session, project.slug)
     sampler = RssSampler(server)
     threads = [threading.Thread(target=agent.run, args=(stop,)) for agent in agents]
+    lingered = [0] * args.lingerers
+    threads += [threading.Thread(target=_linger, args=(server.port, stop, lingered, index))
+                for index in range(args.lingerers)]
     threads.append(threading.Thread(target=reader.run, args=(stop,)))
     watcher = threading.Thread(target=sampler.run, args=(stop_watch,))
     watcher.start()
@@ -123,12 +146,31 @@ def _load_and_kill(server: Server, project, key: str, session: str, args: argpar
         "divergence": off,
         "peak_rss_mb": sampler.peak,
         "peak_pss_mb": sampler.peak_pss,
+        "lingered": sum(lingered),
         "page_p95_ms": reader.p95_ms(),
         "page_summary": reader.summary(),
         "pages": len(reader.times),
         "page_failures": reader.failures,
         "first_page_failure": reader.first_failure,
     }
+
+
+def _linger(port: int, stop: threading.Event, lingered: list[int], index: int, *, hold: float = 1.0) -> None:
+    """A client slow to close, as an exporter waiting out a Retry-After on its
+    connection: asks the web server to close, reads the answer, keeps its side
+    open ``hold`` seconds, closes; again until ``stop``."""
+    request = f"GET /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode()
+    while not stop.is_set():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+                client.sendall(request)
+                answer = b""
+                while b"\r\n\r\n" not in answer and (chunk := client.recv(65536)):
+                    answer += chunk
+                lingered[index] += 1
+                stop.wait(hold)
+        except OSError:
+            stop.wait(0.1)
 
 
 def say(text: str) -> None:
@@ -146,8 +188,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records-per-batch", type=int, default=100)
     parser.add_argument("--converge-timeout", type=float, default=120.0)
     parser.add_argument("--no-kill", action="store_true", help="load only: no SIGKILL, no outage")
+    parser.add_argument("--ingest", choices=["web", "receiver"], default="web",
+                        help="where the agents send: the web server's /v1/traces (and /api/v1/records), or the "
+                             "OTLP/HTTP receiver (manage.py otlp_http; spans only: use --records-per-batch 0)")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="with --ingest receiver: run the receiver at this lower CPU priority (nice -n)")
+    parser.add_argument("--worker-class", choices=["deployed", "gthread"], default="deployed",
+                        help="the web server's worker: deploy/gunicorn.conf.py's (lingering closes on a thread) "
+                             "or gunicorn's stock gthread")
+    parser.add_argument("--no-board", action="store_true",
+                        help="the web server without the page board and the write slots (dashboard/priority.py): "
+                             "ingest yields only to its own process's pages")
+    parser.add_argument("--no-web-derivations", action="store_true",
+                        help="with --ingest receiver: no derivation thread in the web server's workers "
+                             "(benchmarks/gunicorn_pages_only.conf.py), the derivations in the receiver")
+    parser.add_argument("--lingerers", type=int, default=0,
+                        help="clients slow to close on the web port (each: a request with Connection: close, "
+                             "its side kept open 1 s, closed, again)")
     parser.add_argument("--json", action="store_true", help="print one JSON line (used for --db both)")
     args = parser.parse_args(argv)
+    if args.ingest == "receiver" and args.records_per_batch:
+        parser.error("the receiver takes OTLP only: --ingest receiver needs --records-per-batch 0")
+    if args.no_web_derivations and (args.ingest != "receiver" or args.no_board):
+        parser.error("--no-web-derivations needs --ingest receiver, and not --no-board (one config each)")
+    if args.nice and args.ingest != "receiver":
+        parser.error("--nice lowers the receiver's priority: it needs --ingest receiver")
 
     if args.db == "both":
         results = []
@@ -164,7 +229,9 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(results[0]))
             return
     print(f"{args.senders} agents, {args.seconds:.0f} s of load, SIGKILL to every server process at "
-          f"{args.kill_at:.0%}, {args.down:.0f} s down")
+          f"{args.kill_at:.0%}, {args.down:.0f} s down" if not args.no_kill else f"{args.senders} agents, {args.seconds:.0f} s of load, no kill")
+    print(f"ingest to {'the web server' if args.ingest == 'web' else f'the OTLP/HTTP receiver (nice {args.nice})'}, "
+          f"web worker {args.worker_class}{', no page board' if args.no_board else ''}{', no web derivations' if args.no_web_derivations else ''}; load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
     for result in results:
         converged = result["converged_after_load_s"]
         print(f"\n{result['db']}: {result['batches']} batches acknowledged, {result['retries']} answered 429/503, "
@@ -180,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
               f"over {result['pages']} pages ({result['page_failures']} failed, the outage included; "
               f"first: {result['first_page_failure'] or '-'})")
         print(f"  {result['page_summary']}")
+        if result["lingered"]:
+            print(f"  {result['lingered']} connections closed slowly by their clients")
     print("\ntargets: lost 0, duplicates 0, converged < 60 s, peak RSS < 400 MB, page p95 < 500 ms")
 
 

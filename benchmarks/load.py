@@ -110,10 +110,10 @@ class Server(ProcessGroup):
     """gunicorn with deploy/gunicorn.conf.py (2 workers x 4 threads by default) on a
     free loopback port (of BENCH_PORTS when set), in its own process group."""
 
-    def __init__(self, env: dict[str, str], *, log: Path | None = None) -> None:
+    def __init__(self, env: dict[str, str], *, log: Path | None = None, options: tuple[str, ...] = ()) -> None:
         self.port = free_port()
-        super().__init__(
-            [GUNICORN, "-c", str(ROOT / "deploy" / "gunicorn.conf.py"), "dashboard.wsgi:application"],
+        super().__init__(  # options: gunicorn's, over the config file's (e.g. "-k", "gthread")
+            [GUNICORN, "-c", str(ROOT / "deploy" / "gunicorn.conf.py"), *options, "dashboard.wsgi:application"],
             {**env, "OBSERVATORY_BIND": f"127.0.0.1:{self.port}", "WEB_ACCESS_LOG": "/dev/null", "WEB_LOG_LEVEL": "warning"},
             log=log,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import threading
 import time
 
 from dashboard.gunicorn_worker import Linger
@@ -92,3 +93,22 @@ def test_it_waits_without_spinning_when_nothing_lingers():
     before = cpu_ticks()
     time.sleep(1.0)
     assert cpu_ticks() - before <= 2  # clock ticks (1/100 s): idle, not a busy loop
+
+
+def test_a_linger_thread_that_died_is_started_again_by_the_next_close():
+    """Its failure mode: the one thread gone (an error inside it), the next close starts
+    another, so half-closed sockets never pile up unclosed."""
+    linger = Linger(seconds=30)
+    dead = threading.Thread(target=lambda: None)  # stands for a thread that ended
+    dead.start()
+    dead.join()
+    linger._thread = dead
+    server, client = socket.socketpair()
+    linger.close(server)
+    assert linger._thread is not dead and linger._thread.is_alive()
+    assert client.recv(1) == b""  # half-closed at once
+    client.close()
+    deadline = time.monotonic() + 5
+    while server.fileno() != -1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.fileno() == -1  # closed by the new thread once its client closed

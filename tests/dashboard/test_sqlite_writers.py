@@ -237,6 +237,25 @@ def test_the_marker_holds_a_writer_back_at_most_its_limit(tmp_path):
         assert 0.25 < time.monotonic() - started < 2
 
 
+def test_a_derivation_killed_while_it_waits_first_holds_no_writer_back(tmp_path):
+    """A stale "derivations first" marker: its holder killed with -9 mid-wait leaves
+    the file behind, but the kernel let its lock go, so writers no longer hold back."""
+    path = tmp_path / "db-writers-first"
+    marker = sqlite_base._FirstMarker(str(path))
+    holder = _holder(path)  # another process's derivation, waiting for its turn
+    try:
+        started = time.monotonic()
+        marker.wait_clear(0.3)
+        assert time.monotonic() - started >= 0.25  # held: the writer holds back
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+    assert path.exists()
+    started = time.monotonic()
+    marker.wait_clear(5.0)
+    assert time.monotonic() - started < 0.5  # at once, not after the limit
+
+
 def _sqlite_file_only() -> None:
     if connection.vendor != "sqlite":
         pytest.skip("SQLite only")
