@@ -358,3 +358,23 @@ def test_a_batchs_rounds_are_found_through_the_received_index_not_the_conversati
     for sql in reads:
         assert any(re.search(r"USING (COVERING )?INDEX round_conversation_received\b", line)
                    for line in plan_lines(sql)), (plan_lines(sql), sql)
+
+
+def test_a_batchs_rounds_tool_calls_are_counted_through_the_partial_round_index(project, records):
+    """Counted per (conversation, round id) from a VALUES list: each probe must use the
+    partial toolexec_conversation_round, never a conversation's calls by time (its
+    history: the returning conversations of bench_burst paid for it)."""
+    outcome = records_store(project=project, records=[
+        parse_record(records.tool_result(result={"tool_call_id": "call_a"})),
+    ])
+    (conversation_id,) = sorted(outcome.conversation_ids)
+    ToolExecution.objects.bulk_create([  # a history the counts must not read
+        ToolExecution(project=project, conversation_id=conversation_id, record_id=uuid.uuid4(), occurred_at=NOW,
+                      tool_name="search", round_id=f"old-{i}", tool_call_id=f"old-{i}", success=True)
+        for i in range(300)
+    ])
+    with CaptureQueriesContext(connection) as captured:
+        totals._rounds_tool_counts([(conversation_id, "old-1"), (conversation_id, "r-none")])
+    (sql,) = [q["sql"] for q in captured.captured_queries]
+    lines = plan_lines(sql)
+    assert any(re.search(r"USING (COVERING )?INDEX toolexec_conversation_round\b", line) for line in lines), lines

@@ -521,7 +521,10 @@ def _rounds_tool_counts(rounds: list[tuple[int, str]]) -> dict[tuple[int, str], 
             for conversation_id, round_id, n, errors in values_joined(
                 ToolExecution, rounds, on=[("conversation_id", "="), ("round_id", "=")],
                 select="t.conversation_id, t.round_id, COUNT(*), SUM(CASE WHEN t.success THEN 0 ELSE 1 END)",
-                where="t.round_id <> ''", group_by="t.conversation_id, t.round_id")}
+                # the partial index's own condition, word for word: SQLite's planner proves a
+                # partial index usable only so (with "<> ''" it read each conversation's calls
+                # through toolexec_conversation_time: 0.83-0.95x on bench_burst --conversations 50)
+                where="NOT (t.round_id = '')", group_by="t.conversation_id, t.round_id")}
 
 
 def run(batch: Batch) -> None:
