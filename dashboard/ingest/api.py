@@ -33,6 +33,8 @@ from pipeline import IngestResponse, Record, RecordSchemaError, parse_record
 
 from .common import (
     BodyReader,
+    batch_body,
+    content_type_required,
     IngestBatch,
     GunzipReader,
     IngestError,
@@ -42,7 +44,6 @@ from .common import (
     json_decode_cost,
     load_json,
     memory_reserve,
-    read_body,
     timestamp_bounds,
 )
 from .group_commit import ingest_write
@@ -120,17 +121,11 @@ _BODY_SCHEMA, RECORD_SCHEMA_DEFINITIONS = _records_body_schema()
 )
 def post_records(request: HttpRequest) -> dict[str, Any]:
     project = request.auth  # type: ignore[attr-defined]
-    if (request.content_type or "").lower() != "application/json":
-        raise IngestError(415, "send the records as application/json")
+    content_type_required(request, ("application/json",), "send the records as application/json")
     batch = IngestBatch(IngestTransport.RECORDS, project_id=project.pk, item_name="records")
     with ingest_gate(batch):
         derivations_keep_up()
-        body = read_body(
-            request,
-            max_bytes=settings.OBSERVATORY_MAX_BODY_BYTES,
-            max_decoded_bytes=settings.OBSERVATORY_MAX_DECODED_BYTES,
-        )
-        batch.nbytes = len(body)
+        body = batch_body(request, batch)
         items = _record_items(load_json(body, max_depth=RECORDS_JSON_DEPTH))
         batch.items = len(items)
         memory_reserve(json_decode_cost(body), "the records")  # the validated models

@@ -293,6 +293,22 @@ def read_body(request: HttpRequest, *, max_bytes: int, max_decoded_bytes: int) -
     return decode_content(raw, request.headers.get("Content-Encoding", ""), max_decoded_bytes=max_decoded_bytes)
 
 
+def content_type_required(request: HttpRequest, allowed: tuple[str, ...], message: str) -> None:
+    """415 with ``message`` unless the request's content type is one of ``allowed``."""
+    if (request.content_type or "").lower() not in allowed:
+        raise IngestError(415, message)
+
+
+def batch_body(request: HttpRequest, batch: IngestBatch) -> bytes:
+    """A JSON API batch's body (records, scores, dataset items), read whole within the
+    ingest limits (OBSERVATORY_MAX_BODY_BYTES, OBSERVATORY_MAX_DECODED_BYTES); its size
+    noted on the batch."""
+    body = read_body(request, max_bytes=settings.OBSERVATORY_MAX_BODY_BYTES,
+                     max_decoded_bytes=settings.OBSERVATORY_MAX_DECODED_BYTES)
+    batch.nbytes = len(body)
+    return body
+
+
 def decode_content(raw: bytes, encoding: str, *, max_decoded_bytes: int) -> bytes:
     """A body as received (``raw``, already within the byte limit) decoded from its
     Content-Encoding: counted against the request's memory budget, inflated from

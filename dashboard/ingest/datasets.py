@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Router, Schema
 
@@ -30,7 +29,7 @@ from dashboard.judging.services import (
 from dashboard.observatory.models import IngestTransport
 
 from .api import ErrorOut, api_key
-from .common import IngestBatch, IngestError, ingest_gate, memory_reserve, read_body
+from .common import IngestBatch, IngestError, batch_body, content_type_required, ingest_gate, memory_reserve
 from .group_commit import ingest_write
 
 router = Router(tags=["datasets"], auth=api_key)
@@ -70,12 +69,10 @@ def get_dataset_items(request: HttpRequest, name: str) -> StreamingHttpResponse:
 def post_dataset_items(request: HttpRequest, name: str) -> dict[str, Any]:
     project = request.auth  # type: ignore[attr-defined]
     name = _name(name)
-    if (request.content_type or "").lower() not in JSONL_TYPES:
-        raise IngestError(415, "send the items as application/x-ndjson (one JSON item a line)")
+    content_type_required(request, JSONL_TYPES, "send the items as application/x-ndjson (one JSON item a line)")
     batch = IngestBatch(IngestTransport.API, project_id=project.pk, item_name="dataset items")
     with ingest_gate(batch):
-        body = read_body(request, max_bytes=settings.OBSERVATORY_MAX_BODY_BYTES,
-                         max_decoded_bytes=settings.OBSERVATORY_MAX_DECODED_BYTES)
+        body = batch_body(request, batch)
         items = jsonl_items(body)
         batch.items = len(items)
 

@@ -29,7 +29,16 @@ from dashboard.priority import yield_to_pages
 from pipeline import ScoreRecord
 
 from .api import ERROR_LENGTH, ErrorOut, api_key
-from .common import IngestBatch, IngestError, ingest_gate, json_decode_cost, load_json, memory_reserve, read_body
+from .common import (
+    IngestBatch,
+    IngestError,
+    batch_body,
+    content_type_required,
+    ingest_gate,
+    json_decode_cost,
+    load_json,
+    memory_reserve,
+)
 from .group_commit import ingest_write
 
 router = Router(tags=["scores"], auth=api_key)
@@ -83,13 +92,10 @@ class ScoresAnswer(Schema):
 )
 def post_scores(request: HttpRequest) -> dict[str, Any]:
     project = request.auth  # type: ignore[attr-defined]
-    if (request.content_type or "").lower() != "application/json":
-        raise IngestError(415, "send the scores as application/json")
+    content_type_required(request, ("application/json",), "send the scores as application/json")
     batch = IngestBatch(IngestTransport.API, project_id=project.pk, item_name="scores")
     with ingest_gate(batch):
-        body = read_body(request, max_bytes=settings.OBSERVATORY_MAX_BODY_BYTES,
-                         max_decoded_bytes=settings.OBSERVATORY_MAX_DECODED_BYTES)
-        batch.nbytes = len(body)
+        body = batch_body(request, batch)
         limit = settings.OBSERVATORY_MAX_SCORES_PER_BATCH
         if objects_in(body) - 1 > limit:
             raise IngestError(413, f"too many scores in one batch (at most {limit})")
