@@ -74,6 +74,10 @@ class ErrorOut(Schema):
     error: str
 
 
+# What a batch endpoint (records, scores, dataset items) may answer instead of 200.
+BATCH_REFUSALS = {status: ErrorOut for status in (400, 401, 413, 415, 429, 500, 503)}
+
+
 class ArtifactOut(Schema):
     artifact_id: str
     sha256: str
@@ -107,8 +111,7 @@ _BODY_SCHEMA, RECORD_SCHEMA_DEFINITIONS = _records_body_schema()
 
 @router.post(
     "/records",
-    response={200: IngestResponse, 400: ErrorOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut,
-              429: ErrorOut, 500: ErrorOut, 503: ErrorOut},
+    response={200: IngestResponse, **BATCH_REFUSALS},
     summary="Send a batch of records",
     openapi_extra={
         "requestBody": {

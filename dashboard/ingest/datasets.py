@@ -28,7 +28,7 @@ from dashboard.judging.services import (
 )
 from dashboard.observatory.models import IngestTransport
 
-from .api import ErrorOut, api_key
+from .api import BATCH_REFUSALS, ErrorOut, api_key
 from .common import IngestBatch, IngestError, batch_body, content_type_required, ingest_gate, memory_reserve
 from .group_commit import ingest_write
 
@@ -61,8 +61,7 @@ def get_dataset_items(request: HttpRequest, name: str) -> StreamingHttpResponse:
 
 
 @router.post("/datasets/{name}/items",
-             response={200: ImportOut, 400: ErrorOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut, 429: ErrorOut,
-                       500: ErrorOut, 503: ErrorOut},
+             response={200: ImportOut, **BATCH_REFUSALS},
              summary="Add JSON Lines of items to a dataset (made when new)",
              openapi_extra={"requestBody": {"required": True, "content": {"application/x-ndjson": {
                  "schema": {"type": "string", "description": "one pipeline DatasetItem (JSON) a line"}}}}})

@@ -28,7 +28,7 @@ from dashboard.observatory.models import IngestTransport
 from dashboard.priority import yield_to_pages
 from pipeline import ScoreRecord
 
-from .api import ERROR_LENGTH, ErrorOut, api_key
+from .api import BATCH_REFUSALS, ERROR_LENGTH, ErrorOut, api_key
 from .common import (
     IngestBatch,
     IngestError,
@@ -78,8 +78,7 @@ class ScoresAnswer(Schema):
 
 @router.post(
     "/scores",
-    response={200: ScoresAnswer, 400: ErrorOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut, 429: ErrorOut,
-              500: ErrorOut, 503: ErrorOut},
+    response={200: ScoresAnswer, **BATCH_REFUSALS},
     summary="Send a batch of scores",
     openapi_extra={
         "requestBody": {
