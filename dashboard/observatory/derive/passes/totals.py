@@ -37,7 +37,7 @@ from dashboard.observatory.models import (
     hour_of,
     minute_of,
 )
-from dashboard.observatory.rows import update_rows, values_joined
+from dashboard.observatory.rows import update_rows, upsert_rows, values_joined
 
 from ..batch import Batch, Pass, received_window
 from ..notes import note_write
@@ -368,13 +368,11 @@ def _slices_write(read: _SlicesRead, began: datetime) -> set[int]:
             if was is not None and was[0] > began:
                 continue  # written by a pass begun later
             # Stamped even when unchanged: a pass begun earlier may have read a state between.
-            rows.append(ConversationMinute(conversation_id=pk, minute=minute, updated_at=began, **figures))
+            rows.append(SimpleNamespace(conversation_id=pk, minute=minute, updated_at=began, **figures))
             if was is None or was[1:] != tuple(figures[name] for name in _SLICE_FIGURES):
                 changed.add(pk)
-    ConversationMinute.objects.bulk_create(
-        rows, update_conflicts=True, unique_fields=["conversation", "minute"],
-        update_fields=[*_SLICE_FIGURES, "updated_at"],
-    )
+    upsert_rows(ConversationMinute, rows, unique=["conversation", "minute"],
+                field_names=["conversation", "minute", *_SLICE_FIGURES, "updated_at"])
     return changed
 
 
