@@ -73,41 +73,36 @@ def _metrics_write(project_id: int, points: Sequence[MetricPoint], others: Count
     now = dj_timezone.now()
     others = Counter(others)
     keys = sorted({point.series for point in points})
-    known: dict[str, MetricSeries] = {}
-    for start in range(0, len(keys), _LOOKUP_CHUNK):
-        # (locked: two exports of one series at once must not both take the same last point)
-        for series in MetricSeries.objects.select_for_update().filter(
-                project_id=project_id, key__in=keys[start:start + _LOOKUP_CHUNK]):
-            known[series.key] = series
-    missing = len(set(keys) - set(known))
-    room = MAX_SERIES - MetricSeries.objects.filter(project_id=project_id).count() if missing else 0
-    created: dict[str, MetricSeries] = {}
+    known = _series_locked(project_id, keys)
+    missing = [key for key in keys if key not in known]
+    if missing:
+        # A new series is inserted (as never seen: its first point counts whole) and then
+        # locked like the others: two exports of it at once take turns (the second waits
+        # for the first's commit, then sees its point), where both had counted it whole.
+        room = max(MAX_SERIES - MetricSeries.objects.filter(project_id=project_id).count(), 0)
+        MetricSeries.objects.bulk_create([MetricSeries(project_id=project_id, key=key, seen_at=now)
+                                          for key in missing[:room]], ignore_conflicts=True)
+        known.update(_series_locked(project_id, missing[:room]))
     changed: dict[str, MetricSeries] = {}
     sums: dict[tuple[datetime, str, str, str, str], list[float]] = defaultdict(lambda: [0.0, 0])
     added = 0
     for point in points:
         series = known.get(point.series)
         if series is None:
-            if room <= 0:
-                others[f"{point.name[:NAME_LENGTH - 24]} (past {MAX_SERIES} series)"] += 1
-                continue
-            room -= 1
-            series = known[point.series] = created[point.series] = MetricSeries(
-                project_id=project_id, key=point.series, seen_at=now)
+            others[f"{point.name[:NAME_LENGTH - 24]} (past {MAX_SERIES} series)"] += 1
+            continue
         increment = _increment(series, point)
         if increment is None:
             continue  # counted already
         series.start_time_unix_nano, series.time_unix_nano = point.start_time_unix_nano, point.time_unix_nano
         series.value, series.count, series.seen_at = point.value, point.count, now
-        if point.series not in created:
-            changed[point.series] = series
+        changed[point.series] = series
         added += 1
         if increment != (0.0, 0):
             row = sums[(hour_of(_aware(point.time_unix_nano)), point.name, point.model, point.tool_name,
                         point.token_type)]
             row[0] += increment[0]
             row[1] += increment[1]
-    MetricSeries.objects.bulk_create(list(created.values()), ignore_conflicts=True)
     MetricSeries.objects.bulk_update(list(changed.values()),
                                      ["start_time_unix_nano", "time_unix_nano", "value", "count", "seen_at"])
     for (hour, name, model, tool_name, token_type), (value, count) in sorted(sums.items()):
@@ -117,6 +112,17 @@ def _metrics_write(project_id: int, points: Sequence[MetricPoint], others: Count
             MetricHour.objects.create(**key, value=value, count=count)
     _others_count(project_id, others, now)
     return StoredMetrics(added, sum(others.values()))
+
+
+def _series_locked(project_id: int, keys: Sequence[str]) -> dict[str, MetricSeries]:
+    """The project's stored series of these keys, locked for the transaction (two exports
+    of one series at once must not both take the same last point)."""
+    found: dict[str, MetricSeries] = {}
+    for start in range(0, len(keys), _LOOKUP_CHUNK):
+        for series in MetricSeries.objects.select_for_update().filter(
+                project_id=project_id, key__in=keys[start:start + _LOOKUP_CHUNK]).order_by("key"):
+            found[series.key] = series
+    return found
 
 
 def _increment(series: MetricSeries, point: MetricPoint) -> tuple[float, int] | None:

@@ -316,3 +316,57 @@ def test_names_past_the_limit_are_counted_under_one_name(client, auth, project, 
         assert post(client, auth, other_metric(name, points=1)).status_code == 200
     counted = dict(OtherMetric.objects.filter(project=project).values_list("name", "points"))
     assert counted == {"one": 1, "two": 1, "(other names)": 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_processes_sending_the_first_point_of_a_new_series_at_once_count_it_once(project):
+    """Two server processes (each its own group commit) store the same export of a new
+    series at the same moment, the second while the first's transaction is open: an
+    exporter's retry after a timeout, say. The hour's row already exists (another
+    series of the same model and tool)."""
+    import threading
+    from collections import Counter
+
+    from django.db import connection, transaction
+
+    from dashboard.ingest import metrics as store
+    from dashboard.ingest.otlp_metrics import decode_metrics_protobuf
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite admits one writer at a time: the transactions cannot overlap")
+
+    def points(request: ExportMetricsServiceRequest):
+        return decode_metrics_protobuf(request.SerializeToString()).points
+
+    elsewhere = tool_calls([(START + MINUTE, 4)])
+    elsewhere.resource_metrics[0].resource.attributes.add(key="service.instance.id",
+                                                          value=AnyValue(string_value="worker-2"))
+    with transaction.atomic():
+        store._metrics_write(project.pk, points(elsewhere), Counter())
+    export = points(tool_calls([(START + MINUTE, 10)]))
+    first_open, first_may_commit, errors = threading.Event(), threading.Event(), []
+
+    def process(hold: bool) -> None:
+        try:
+            with transaction.atomic():
+                store._metrics_write(project.pk, export, Counter())
+                if hold:
+                    first_open.set()
+                    assert first_may_commit.wait(10)
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=process, args=(True,))
+    first.start()
+    assert first_open.wait(10)
+    second = threading.Thread(target=process, args=(False,))
+    second.start()
+    second.join(0.5)  # it waits for the first's transaction
+    first_may_commit.set()
+    first.join(10)
+    second.join(10)
+    assert not errors
+    assert hours(project) == {(HOUR, "ba.tool.calls", "", "query_sales", ""): (14.0, 0)}
+    assert MetricSeries.objects.filter(project=project).count() == 2
