@@ -47,7 +47,7 @@ def conversation_timeline(request: HttpRequest, project: Project, pk: int) -> Ht
             "budget": token_budget(conversation),
             "waterfall_round": first_traced,
             "waterfall": waterfall(project, first_traced.trace_id, with_details=False) if first_traced else None,
-            **dict(zip(("genai_logs", "genai_logs_more"), conversation_messages(conversation))),
+            **dict(zip(("genai_logs", "genai_logs_more", "genai_logs_in_rounds"), conversation_messages(conversation))),
             "conversation_scores": conversation_scores,
             "may_judge": may_judge(request.user, project),
             **widget_urls(project),

@@ -3,6 +3,8 @@ the conversation timeline, and the logs list (keyset paged, project-scoped, esca
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.urls import reverse
 from tests.dashboard.web.pages_factories import HOUR, add_span
@@ -113,3 +115,30 @@ def test_it_says_how_logs_arrive_when_there_are_none(client_in, project):
     assert reverse("web:keys", args=[project.slug]) in body
     add_log(project)
     assert 'data-testid="logs-empty"' not in client_in.get(reverse("web:logs", args=[project.slug])).content.decode()
+
+
+def test_the_timeline_shows_a_message_event_once_as_its_round_s_message_not_again_raw(client_in, project):
+    """Message events of a span that has its round are that round's messages (the
+    log_messages pass): the panel of raw events leaves them out and says so; events of a
+    span without a round, and other gen_ai events, stay listed."""
+    from dashboard.observatory.models import Round, Source
+
+    conversation = Conversation.objects.create(project=project, external_id="c1", started_at=HOUR)
+    Round.objects.create(project=project, conversation=conversation, round_id="r1", index=1, occurred_at=HOUR,
+                         record_id=uuid.uuid4(),
+                         source=Source.SPAN, trace_id=TRACE, span_id="1" * 16, user_message="what is six by seven")
+    add_log(project, conversation=conversation, body={"content": "what is six by seven"})
+    add_log(project, conversation=conversation, event_name="gen_ai.choice", index=1,
+            body={"message": {"content": "the round's answer"}})
+    add_log(project, conversation=conversation, span_id="2" * 16, index=2, body={"content": "a span not here yet"})
+    add_log(project, conversation=conversation, event_name="gen_ai.evaluation.result", index=3, body="graded")
+    other = Conversation.objects.create(project=project, external_id="c2", started_at=HOUR)  # same trace elsewhere
+    add_log(project, conversation=other, index=4, body={"content": "another conversation's"})
+
+    body = client_in.get(reverse("web:conversation", args=[project.slug, conversation.pk])).content.decode()
+    panel = body[body.index('data-testid="conversation-logs"'):]
+    assert body.count("what is six by seven") == 1  # the round's, not the raw event's
+    assert "the round&#x27;s answer" not in panel
+    assert "a span not here yet" in panel and "graded" in panel
+    assert "another conversation" not in body
+    assert "2 more are shown as their rounds' messages above." in panel
