@@ -107,3 +107,39 @@ def test_the_link_pass_writes_a_page_at_a_time_inside_its_step_and_reads_outside
     assert counts["tool_executions"] == len(calls)
     assert linked_inside and all(linked_inside)
     assert len(steps) == 3 + 1  # 5 executions, 2 a page; then the spans' side and the artifacts
+
+
+def test_values_read_gives_what_django_reads_column_by_column(project):
+    """values_read converts by column type itself: the rows must equal the ORM's own, for
+    every kind of column the passes read (datetimes with and without microseconds, JSON
+    of every shape and null, booleans, annotations, a JSON key) and nothing found."""
+    from django.db.models import Count, Exists, OuterRef
+    from django.db.models.functions import Now
+
+    from dashboard.observatory.dbfunctions import MinuteUTC
+    from dashboard.observatory.paging import values_read
+
+    conversation = Conversation.objects.create(project=project, external_id="c")
+    shapes = [{}, {"a": [1, 2.5, None, True], "订单": "<b>", "n": {"x": ""}}, [], "text", 0, None]
+    for index, attributes in enumerate(shapes):
+        Span.objects.create(
+            project=project, conversation=conversation if index % 2 else None, trace_id=f"{index:032x}",
+            span_id=f"{index:016x}", name=f"span {index}", start_time=AT + timedelta(microseconds=index * 7),
+            end_time=AT + timedelta(seconds=index), attributes=attributes if attributes is not None else {},
+            events=[{"name": "e", "attributes": {"k": index}}] if index % 3 else [], resource={"service.name": "s"},
+            truncated=bool(index % 2), status_code=index % 3)
+    spans = Span.objects.filter(project=project)
+    queries = [
+        spans.order_by("start_time", "id").values_list(
+            "id", "conversation_id", "trace_id", "start_time", "end_time", "duration_ms", "status_code",
+            "attributes", "events", "resource", "truncated", "received_at"),
+        spans.annotate(minute=MinuteUTC("start_time"), linked=Exists(ToolExecution.objects.filter(
+            linked_span_id=OuterRef("pk"))), now=Now()).order_by("id").values_list("minute", "linked", "id"),
+        spans.values("status_code").order_by("status_code").annotate(n=Count("id")).values_list("status_code", "n"),
+        spans.order_by("id").values_list("attributes__a", "attributes__n", "id"),
+        spans.filter(pk__in=[]).values_list("id"),
+        spans.order_by("id").values_list("id", "start_time")[2:4],
+    ]
+    for query in queries:
+        assert values_read(query) == list(query)
+    assert values_read(queries[0])[1][7] == shapes[1]
