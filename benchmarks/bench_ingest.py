@@ -528,12 +528,6 @@ def count_rows(env: dict[str, str]) -> tuple[int, int]:
     return int(spans), int(records)
 
 
-# SQLite's writers: queued in the kernel (dashboard.sqlite, as deployed) or Django's
-# own backend, waiting in SQLite's busy handler (deploy/SCALING.md, "What the writer
-# queue buys").
-SQLITE_SETTINGS = {"queued": "dashboard.settings", "stock": "benchmarks.stock_sqlite_settings"}
-
-
 def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list[bytes]) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-ingest-{db}-"))
     try:
@@ -543,7 +537,7 @@ def run_one(db: str, args: argparse.Namespace, spans: list[bytes], records: list
             "SECRET_KEY": secrets.token_urlsafe(48),
             "DEBUG": "0",
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
-            "DJANGO_SETTINGS_MODULE": SQLITE_SETTINGS[args.sqlite_engine],
+            "DJANGO_SETTINGS_MODULE": "dashboard.settings",
         }
         env.pop("CELERY_BROKER_URL", None)  # the embedded default: eager tasks
         with (private_postgres(workdir) if db == "postgres" else _nothing()) as database_url:
@@ -637,9 +631,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--server", choices=["gunicorn", "receiver"], default="gunicorn",
                         help="where the spans go: the dashboard (gunicorn) or the OTLP/HTTP receiver "
                              "(manage.py otlp_http; --workers sets its processes)")
-    parser.add_argument("--sqlite-engine", choices=sorted(SQLITE_SETTINGS), default="queued",
-                        help="SQLite's writers queued in the kernel (dashboard.sqlite, deployed) or Django's "
-                             "own backend with SQLite's busy_timeout (stock)")
     args = parser.parse_args(argv)
     global _senders
     _senders = args.senders

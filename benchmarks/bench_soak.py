@@ -41,7 +41,7 @@ from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
 
-from benchmarks.bench_ingest import SQLITE_SETTINGS, manage, private_postgres
+from benchmarks.bench_ingest import manage, private_postgres
 from benchmarks.load import (
     Acknowledged,
     Agent,
@@ -124,7 +124,6 @@ def run(args: argparse.Namespace) -> None:
     try:
         with private_postgres(workdir) if args.db == "postgres" else nullcontext("") as database_url:
             env = django_env(workdir, database_url)
-            env["DJANGO_SETTINGS_MODULE"] = SQLITE_SETTINGS[args.sqlite_engine]
             manage(env, "migrate", "--noinput")
             setup_django(env)
             project, key, session = project_key_and_session()
@@ -245,9 +244,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--converge-timeout", type=float, default=120.0)
     parser.add_argument("--tool-every", type=int, default=4,
                         help="one span in this many is a GenAI tool span (1: OpenTelemetry-only tool calls)")
-    parser.add_argument("--sqlite-engine", choices=sorted(SQLITE_SETTINGS), default="queued",
-                        help="SQLite's writers queued in the kernel (dashboard.sqlite, deployed) or Django's "
-                             "own backend waiting in SQLite's busy handler (side by side, issue 33)")
     args = parser.parse_args(argv)
     args.seconds = (10.0 if args.short else args.minutes) * 60
     if args.seconds <= 0 or args.rate <= 0 or args.agents <= 0:

@@ -119,9 +119,9 @@ def otlp_http_server(name: str = "OBSERVATORY_OTLP_HTTP_SERVER") -> str:
 def database(name: str, data_dir: Path) -> dict[str, Any]:
     """DATABASES["default"] from a URL; unset means SQLite in the data dir.
 
-    SQLite runs in WAL mode with IMMEDIATE transactions so concurrent ingest writers
-    queue (in the kernel: ``dashboard.sqlite``) for up to the busy timeout instead
-    of failing on a lock upgrade. ``SQLITE_SYNCHRONOUS``
+    SQLite (Django's own backend) runs in WAL mode with IMMEDIATE transactions so
+    concurrent writers wait in SQLite's busy handler for up to the busy timeout
+    instead of failing on a lock upgrade. ``SQLITE_SYNCHRONOUS``
     picks durability: FULL (the default) syncs the WAL at every commit, so an
     acknowledged batch survives a power cut; NORMAL syncs only at checkpoints (an
     acknowledged commit can be lost on power failure, never on a process crash).
@@ -129,7 +129,7 @@ def database(name: str, data_dir: Path) -> dict[str, Any]:
     url = os.environ.get(name, "").strip()
     if not url:
         return {
-            "ENGINE": "dashboard.sqlite",  # Django's, with the writers queued (dashboard/sqlite/base.py)
+            "ENGINE": "django.db.backends.sqlite3",
             "NAME": data_dir / "observatory.sqlite3",
             "OPTIONS": {
                 "init_command": (

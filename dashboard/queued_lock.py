@@ -1,9 +1,7 @@
 """A cross-process file lock whose waiters queue in the kernel, with a deadline.
 
-Used by SQLite's writers (``dashboard.sqlite``) and by the server's write slots on
-PostgreSQL (``dashboard.priority.WriteSlots``): both used to poll (SQLite's busy
-handler sleeps 1 to 100 ms between looks, the slots 5 ms), which left the lock free
-while every waiter slept.
+Used by the server's write slots on PostgreSQL (``dashboard.priority.WriteSlots``),
+which used to poll (every 5 ms), leaving the lock free while every waiter slept.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def database_busy(exc: BaseException) -> bool:
     code = getattr(cause, "sqlite_errorcode", None)
     if code is not None:
         return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    if "database is locked" in str(exc):  # dashboard.sqlite's own wait for a turn
+    if "database is locked" in str(exc):  # (an error that lost its code on the way)
         return True
     # psycopg's own connection failures (closed, lost, refused) carry no SQLSTATE.
     return type(cause).__module__.startswith("psycopg")

@@ -25,7 +25,7 @@ def test_it_names_the_variable_of_a_bad_value(monkeypatch, name, value, call):
 def test_it_uses_sqlite_with_wal_in_the_data_dir_when_no_url(monkeypatch, tmp_path):
     monkeypatch.delenv("DATABASE_URL", raising=False)
     config = env.database("DATABASE_URL", tmp_path)
-    assert config["ENGINE"] == "dashboard.sqlite" and config["NAME"] == tmp_path / "observatory.sqlite3"
+    assert config["ENGINE"] == "django.db.backends.sqlite3" and config["NAME"] == tmp_path / "observatory.sqlite3"
     assert "journal_mode=WAL" in config["OPTIONS"]["init_command"]
     assert config["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
     assert "synchronous=FULL" in config["OPTIONS"]["init_command"]  # durable by default

@@ -46,7 +46,6 @@ from django.db.models import F
 from django.utils import timezone
 
 from dashboard.priority import yield_to_pages
-from dashboard.sqlite.base import writes_first
 
 from dashboard.observatory.busy import database_busy
 from dashboard.observatory.models import DerivationNote
@@ -217,8 +216,7 @@ def drain_exclusive(*, wait: bool = True) -> Iterator[bool]:
         except BlockingIOError:
             yield False
             return
-        with writes_first():  # its transactions before ingest's (dashboard.sqlite)
-            yield True
+        yield True
     finally:
         os.close(descriptor)  # releases the lock
 

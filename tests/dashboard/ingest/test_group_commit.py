@@ -133,12 +133,9 @@ def test_a_failing_write_fails_alone_and_the_others_of_its_group_are_stored(proj
     assert committer.groups == 4  # a; b+c rolled back; then b and c each alone
 
 
-def test_a_group_that_cannot_begin_fails_every_write_of_it_and_stores_nothing(project, monkeypatch):
-    from dashboard.sqlite import base as sqlite_base
-
+def test_a_group_that_cannot_begin_fails_every_write_of_it_and_stores_nothing(project):
     if connection.vendor != "sqlite":
         pytest.skip("the writer lock held from another connection is SQLite's")
-    monkeypatch.setattr(sqlite_base, "BUSY_TIMEOUT_S", 1.0)
     committer = GroupCommit()
     holding, release = threading.Event(), threading.Event()
 
