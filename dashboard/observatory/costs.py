@@ -26,6 +26,7 @@ from django.db.models import Count, F, Q, Sum
 from dashboard.tuning.pricing import PriceTable
 
 from .models import Conversation, Round, UsageHourlyRollup, hour_of
+from .paging import values_read
 from .rows import update_rows
 
 # The Conversation columns conversation_totals_refresh writes for us.
@@ -72,10 +73,10 @@ def conversations_priced(conversations: list[Conversation], table: Optional[Pric
     totals: dict[int, list[int]] = {pk: [0, 0, 0] for pk in by_id}  # cost, priced rounds, unpriced rounds
     part = {pk: round_pks for pk, round_pks in (only or {}).items() if pk in by_id}
     whole = [pk for pk in by_id if pk not in part]
-    rows = list(Round.objects.filter(conversation_id__in=whole).values_list(*_PRICED_FIELDS)) if whole else []
+    rows = values_read(Round.objects.filter(conversation_id__in=whole).values_list(*_PRICED_FIELDS)) if whole else []
     round_pks = sorted(round_pk for some in part.values() for round_pk in some)
     for start in range(0, len(round_pks), ROUNDS_A_QUERY):
-        rows += Round.objects.filter(pk__in=round_pks[start:start + ROUNDS_A_QUERY]).values_list(*_PRICED_FIELDS)
+        rows += values_read(Round.objects.filter(pk__in=round_pks[start:start + ROUNDS_A_QUERY]).values_list(*_PRICED_FIELDS))
     if part:  # the stored sums, less the rounds priced again below
         for pk, cost, priced, count in Round.objects.filter(conversation_id__in=list(part)).values(
             "conversation_id"

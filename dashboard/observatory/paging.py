@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections import namedtuple
 from datetime import datetime
 from datetime import timezone as dt_timezone
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -35,12 +37,16 @@ def keyset_pages(query: Any, order: str, fields: Sequence[str], size: int) -> It
         after = rows[-1][-2:]
 
 
-def values_read(query: Any) -> list[tuple]:
+def values_read(query: Any, *, named: bool = False) -> list[tuple]:
     """The rows of a ``values_list`` query, as Django reads them, at a fraction of the
     cost: the query compiled by Django and run on its cursor, and each column converted
     once by its type (``_converter``) where Django calls a chain of converters a value
     (datetimes made aware through the settings, JSON through the field; on the
-    derivations' reading of spans that was 9 % of the burst's CPU, bench_burst --profile)."""
+    derivations' reading of spans that was 9 % of the burst's CPU, bench_burst --profile).
+    ``named``: as ``values_list(..., named=True)`` gives them."""
+    if named:
+        row = _row_type(tuple(query._fields))
+        return [row._make(values) for values in values_read(query)]
     compiler = query.query.get_compiler(using=query.db)
     try:
         sql, params = compiler.as_sql()
@@ -62,6 +68,11 @@ def values_read(query: Any) -> list[tuple]:
                 values[i] = converter(values[i])
         converted.append(tuple(values))
     return converted
+
+
+@functools.lru_cache(maxsize=64)
+def _row_type(fields: tuple[str, ...]) -> Any:
+    return namedtuple("Row", fields)
 
 
 def _aware_utc(value: Any) -> Any:

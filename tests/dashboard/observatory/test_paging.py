@@ -143,3 +143,12 @@ def test_values_read_gives_what_django_reads_column_by_column(project):
     for query in queries:
         assert values_read(query) == list(query)
     assert values_read(queries[0])[1][7] == shapes[1]
+
+
+def test_values_read_names_its_rows_as_values_list_does(project):
+    from dashboard.observatory.paging import values_read
+
+    execution(project, 3)
+    query = ToolExecution.objects.values_list("id", "occurred_at", "success")
+    assert values_read(query, named=True) == list(query.values_list("id", "occurred_at", "success", named=True))
+    assert values_read(query, named=True)[0].occurred_at == AT + timedelta(seconds=3)

@@ -37,6 +37,7 @@ from dashboard.observatory.models import (
     hour_of,
     minute_of,
 )
+from dashboard.observatory.paging import values_read
 from dashboard.observatory.rows import update_rows, upsert_rows, values_joined
 
 from ..batch import Batch, Pass, received_window
@@ -468,18 +469,18 @@ def _round_context(conversation_ids: list[int], scoped: dict[int, set[int]] | No
     whole = [pk for pk in conversation_ids if pk not in scoped]
     fields = ("id", "conversation_id", "round_id", "index", "occurred_at", "context_tokens",
               "derived_context_tokens", "tool_call_count", "error_count")
-    rounds = list(Round.objects.filter(conversation_id__in=whole).values_list(*fields, named=True)) if whole else []
+    rounds = values_read(Round.objects.filter(conversation_id__in=whole).values_list(*fields), named=True) if whole else []
     tool_counts = _tool_counts(ToolExecution.objects.filter(conversation_id__in=whole)) if whole else {}
     pks = sorted(pk for some in scoped.values() for pk in some)
     for start in range(0, len(pks), SCOPE_CHUNK):
-        some = list(Round.objects.filter(pk__in=pks[start:start + SCOPE_CHUNK]).values_list(*fields, named=True))
+        some = values_read(Round.objects.filter(pk__in=pks[start:start + SCOPE_CHUNK]).values_list(*fields), named=True)
         rounds += some
         tool_counts.update(_rounds_tool_counts(sorted({(r.conversation_id, r.round_id) for r in some if r.round_id})))
     # the running sum of message tokens: every round of a conversation, up to the scoped ones
     summed = sorted({r.conversation_id for r in rounds if r.conversation_id in scoped and not r.context_tokens})
     if summed:
         rounds = [r for r in rounds if r.conversation_id not in set(summed)] + list(
-            Round.objects.filter(conversation_id__in=summed).values_list(*fields, named=True))
+            values_read(Round.objects.filter(conversation_id__in=summed).values_list(*fields), named=True))
     message_tokens: dict[tuple[int, str], int] = {
         (row["conversation_id"], row["round_id"]): row["tokens"] or 0
         for row in Message.objects.filter(conversation_id__in=whole + summed)
