@@ -5,6 +5,8 @@
     .venv/bin/python -m benchmarks.bench_pages --db-url postgres://user@127.0.0.1:5432/bench
     .venv/bin/python -m benchmarks.bench_pages --csv-rows 1000000      # + a 1M-row CSV stream's memory
     .venv/bin/python -m benchmarks.bench_pages --scores 1000000        # + 1M scores (judging pages, filters)
+    .venv/bin/python -m benchmarks.bench_pages --scores 1000000 --data-dir /tmp/pages  # seeded once, kept:
+                                                                  # the same command again measures it
     .venv/bin/python -m benchmarks.bench_pages --db-url postgres://… --conversations 100000 \
         --tool-executions 1000000 --spans 10000000 --retention   # 10M spans, then drop one day of them
 
@@ -38,6 +40,8 @@ rows at a time, never the file).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import random
 import statistics
@@ -650,6 +654,9 @@ def main() -> None:
                         help="seed about this many spans for the conversations (0: one trace of 60)")
     parser.add_argument("--reuse", action="store_true",
                         help="--db-url only: measure the database an earlier run seeded (no seeding)")
+    parser.add_argument("--data-dir", default="",
+                        help="SQLite: seed into this directory and keep it; the same command again measures "
+                             "what it holds without seeding (it must have been seeded with the same options)")
     parser.add_argument("--retention", action="store_true",
                         help="PostgreSQL: after the pages, drop one day of spans as the daily purge does, timed")
     parser.add_argument("--scores", type=int, default=0,
@@ -657,8 +664,20 @@ def main() -> None:
     parser.add_argument("--csv-rows", type=int, default=0,
                         help="stream a CSV of this many tool calls and report the memory it took (0: skip)")
     args = parser.parse_args()
+    if args.data_dir and args.db_url:
+        parser.error("--data-dir keeps a SQLite database; with --db-url use --reuse")
+    seeding = {name: getattr(args, name) for name in (
+        "conversations", "tool_executions", "rounds", "real_totals", "compare_rounds", "spans", "scores")}
+    kept = Path(args.data_dir) / "bench-pages-seeded.json" if args.data_dir else None
+    if kept is not None and kept.exists():
+        if json.loads(kept.read_text()) != seeding:
+            parser.error(f"{args.data_dir} was seeded with other options: {kept.read_text()}")
+        args.reuse = True
+    elif kept is not None:
+        Path(args.data_dir).mkdir(parents=True, exist_ok=True)
 
-    with tempfile.TemporaryDirectory(prefix="bench-pages-") as data_dir:
+    with (contextlib.nullcontext(args.data_dir) if args.data_dir
+          else tempfile.TemporaryDirectory(prefix="bench-pages-")) as data_dir:
         setup_django(args.db_url, data_dir)
         from django.db import connection
 
@@ -666,7 +685,7 @@ def main() -> None:
             print(f"Seeding {connection.vendor}: {args.conversations:,} conversations, "
                   f"{args.tool_executions:,} tool executions, {args.spans:,} spans", flush=True)
         started = time.perf_counter()
-        if args.reuse and args.db_url:
+        if args.reuse and (args.db_url or kept is not None):
             seeded = seeded_again()
             print("Reusing the seeded database", flush=True)
         else:
@@ -678,6 +697,8 @@ def main() -> None:
                 seed_scores(seeded["project"], args.scores)
                 print(f"  {args.scores:,} scores: {time.perf_counter() - scores_started:.1f} s", flush=True)
             print(f"Seeded in {time.perf_counter() - started:.1f} s; {args.requests} requests per page\n", flush=True)
+            if kept is not None:  # (written last: a seeding cut short is never measured)
+                kept.write_text(json.dumps(seeding))
         results = measure(seeded, args.requests)
         width = max(len(name) for name, *_ in results)
         print(f"{'page':<{width}}  {'p50 ms':>8}  {'p95 ms':>8}  status")
