@@ -13,7 +13,8 @@
 # OTLP/gRPC (manage.py otlp_grpc) listens beside it on 127.0.0.1:4317 (DEMO_GRPC_PORT), so
 # exporters set to OTEL_EXPORTER_OTLP_PROTOCOL=grpc deliver too, and the OTLP/HTTP receiver
 # (manage.py otlp_http, for many small batches) on 127.0.0.1:4318 (DEMO_OTLP_HTTP_PORT); all
-# stop together.
+# stop together. Both receivers start through their deploy scripts, so at a lower CPU priority
+# than the pages (OBSERVATORY_INGEST_NICE, 10), as deployed.
 #
 # Environment: DEMO_PORT (8000), DEMO_GRPC_PORT (4317), DEMO_OTLP_HTTP_PORT (4318), DEMO_USER (admin),
 # DEMO_PASSWORD (generated once, kept in the data dir), DEMO_CONVERSATIONS (40), DEMO_SEED (new each run),
@@ -99,10 +100,10 @@ OBSERVATORY_BIND="127.0.0.1:$port" "$PY" -m gunicorn --config deploy/gunicorn.co
   >"$data_dir/server.log" 2>&1 &
 server_pid=$!
 echo "== OTLP/gRPC on 127.0.0.1:$grpc_port (log: $data_dir/grpc.log)"
-OBSERVATORY_GRPC_HOST=127.0.0.1 OBSERVATORY_GRPC_PORT="$grpc_port" "$PY" manage.py otlp_grpc >"$data_dir/grpc.log" 2>&1 &
+OBSERVATORY_GRPC_HOST=127.0.0.1 OBSERVATORY_GRPC_PORT="$grpc_port" PYTHON="$PY" deploy/run-grpc.sh >"$data_dir/grpc.log" 2>&1 &
 grpc_pid=$!
 echo "== OTLP/HTTP receiver on 127.0.0.1:$otlp_http_port (log: $data_dir/otlp-http.log)"
-OBSERVATORY_OTLP_HTTP_HOST=127.0.0.1 OBSERVATORY_OTLP_HTTP_PORT="$otlp_http_port" "$PY" manage.py otlp_http \
+OBSERVATORY_OTLP_HTTP_HOST=127.0.0.1 OBSERVATORY_OTLP_HTTP_PORT="$otlp_http_port" PYTHON="$PY" deploy/run-otlp-http.sh \
   >"$data_dir/otlp-http.log" 2>&1 &
 otlp_http_pid=$!
 stop_server() {
