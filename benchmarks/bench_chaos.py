@@ -24,10 +24,10 @@ Targets: nothing lost, converged < 60 s, RSS < 400 MB, page p95 < 500 ms.
 
 Side by side (deploy/SCALING.md, issue 33): ``--ingest receiver --nice N`` sends the
 spans to ``manage.py otlp_http`` under ``nice -n N`` (spans only: ``--records-per-batch 0``),
-the web server serving the pages; ``--no-board`` runs the web server without the page
-board and write slots (dashboard/priority.py); ``--no-web-derivations`` without the web
-workers' derivation thread; ``--worker-class gthread`` with gunicorn's
-stock worker; ``--lingerers N`` adds clients slow to close on the web port.
+the web server serving the pages (as deployed: deploy/run-otlp-http.sh runs the receiver
+niced); ``--no-web-derivations`` without the web workers' derivation thread;
+``--worker-class gthread`` with gunicorn's stock worker; ``--lingerers N`` adds clients
+slow to close on the web port.
 """
 
 from __future__ import annotations
@@ -69,9 +69,6 @@ def run(db: str, args: argparse.Namespace) -> dict[str, object]:
             setup_django(env)
             project, key, session = project_key_and_session()
             options = ("-k", "gthread") if args.worker_class == "gthread" else ()
-            if args.no_board:  # a later -c wins: the deployed config without its board
-                options += ("-c", str(Path(__file__).with_name("gunicorn_no_board.conf.py")))
-                env = {**env, "OBSERVATORY_MAX_CONCURRENT_WRITES": "0"}
             if args.no_web_derivations:
                 options += ("-c", str(Path(__file__).with_name("gunicorn_pages_only.conf.py")))
             server = Server(env, options=options)
@@ -196,9 +193,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worker-class", choices=["deployed", "gthread"], default="deployed",
                         help="the web server's worker: deploy/gunicorn.conf.py's (lingering closes on a thread) "
                              "or gunicorn's stock gthread")
-    parser.add_argument("--no-board", action="store_true",
-                        help="the web server without the page board and the write slots (dashboard/priority.py): "
-                             "ingest yields only to its own process's pages")
     parser.add_argument("--no-web-derivations", action="store_true",
                         help="with --ingest receiver: no derivation thread in the web server's workers "
                              "(benchmarks/gunicorn_pages_only.conf.py), the derivations in the receiver")
@@ -209,8 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.ingest == "receiver" and args.records_per_batch:
         parser.error("the receiver takes OTLP only: --ingest receiver needs --records-per-batch 0")
-    if args.no_web_derivations and (args.ingest != "receiver" or args.no_board):
-        parser.error("--no-web-derivations needs --ingest receiver, and not --no-board (one config each)")
+    if args.no_web_derivations and args.ingest != "receiver":
+        parser.error("--no-web-derivations needs --ingest receiver")
     if args.nice and args.ingest != "receiver":
         parser.error("--nice lowers the receiver's priority: it needs --ingest receiver")
 
@@ -231,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.senders} agents, {args.seconds:.0f} s of load, SIGKILL to every server process at "
           f"{args.kill_at:.0%}, {args.down:.0f} s down" if not args.no_kill else f"{args.senders} agents, {args.seconds:.0f} s of load, no kill")
     print(f"ingest to {'the web server' if args.ingest == 'web' else f'the OTLP/HTTP receiver (nice {args.nice})'}, "
-          f"web worker {args.worker_class}{', no page board' if args.no_board else ''}{', no web derivations' if args.no_web_derivations else ''}; load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+          f"web worker {args.worker_class}{', no web derivations' if args.no_web_derivations else ''}; load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
     for result in results:
         converged = result["converged_after_load_s"]
         print(f"\n{result['db']}: {result['batches']} batches acknowledged, {result['retries']} answered 429/503, "

@@ -164,16 +164,6 @@ OBSERVATORY_INGEST_PATH_PREFIXES = ("/v1/", "/api/v1/records", "/api/v1/artifact
 OBSERVATORY_MAX_CONCURRENT_INGEST = env.env_int(
     "OBSERVATORY_MAX_CONCURRENT_INGEST", max(1, env.env_int("WEB_THREADS", 4, minimum=1) - 1), minimum=1
 )
-# Ingest transactions at once across the server's processes (dashboard/priority.py):
-# on PostgreSQL each is a backend competing with the pages for the cores, so half
-# the cores (16 senders on 2 cores: page p95 1.2 s with no limit, 0.78 s with 2,
-# 0.40-0.43 s with 1, as many spans stored); SQLite admits one writer by itself.
-# 0 = no limit.
-OBSERVATORY_MAX_CONCURRENT_WRITES = env.env_int(
-    "OBSERVATORY_MAX_CONCURRENT_WRITES",
-    max(1, (os.cpu_count() or 2) // 2) if DATABASES["default"]["ENGINE"].endswith("postgresql") else 0,
-    minimum=0,
-)
 # Bytes of decoded ingest data (bodies, parsed messages, rows) a process holds at
 # once; a request that alone needs more is refused (413), one that finds it taken
 # waits (503 + Retry-After). See dashboard.ingest.common.memory_reserve.

@@ -45,52 +45,6 @@ if preload_app:
     os.environ["OBSERVATORY_BACKGROUND_AFTER_FORK"] = "1"
 
 
-def on_starting(server):
-    # The page board the workers share (dashboard/priority.py): ingest in every
-    # worker steps aside while any worker serves a page.
-    import tempfile
-
-    from dashboard.priority import BOARD_ENV, PageBoard
-
-    path = os.environ.get(BOARD_ENV)  # a deployment may choose it (e.g. under /dev/shm)
-    if not path:
-        _remove_boards_of_dead_masters(tempfile.gettempdir())
-        handle, path = tempfile.mkstemp(prefix=f"observatory-pages-{os.getpid()}-")
-        os.close(handle)
-        server.observatory_board_made = path
-    PageBoard.create(path)
-    os.environ[BOARD_ENV] = path
-
-
-def _remove_boards_of_dead_masters(folder):
-    """A master killed with SIGKILL never ran on_exit: its board files stay behind."""
-    import glob
-
-    for made in glob.glob(os.path.join(glob.escape(folder), "observatory-pages-*-*")):
-        try:
-            pid = int(os.path.basename(made).split("-")[2])
-            os.kill(pid, 0)  # raises when no such process
-        except ProcessLookupError:
-            try:
-                os.unlink(made)
-            except OSError:
-                pass
-        except (ValueError, IndexError, OSError):
-            continue  # not ours, or a live master (maybe another user's)
-
-
-def on_exit(server):
-    import glob
-
-    path = getattr(server, "observatory_board_made", None)
-    if path:
-        for made in [path, *glob.glob(glob.escape(path) + ".w*")]:  # the board and its write slots
-            try:
-                os.unlink(made)
-            except OSError:
-                pass
-
-
 def pre_fork(server, worker):
     if preload_app:
         from django.db import connections
@@ -105,15 +59,9 @@ def pre_fork(server, worker):
 
 
 def post_fork(server, worker):
-    from dashboard.priority import SLOT_ENV, SLOTS, page_board
     from dashboard.worker_memory import MemoryCeiling
 
     worker.observatory_ceiling = MemoryCeiling(worker_private_mb, min_age=worker_min_age)
-
-    os.environ[SLOT_ENV] = str(worker.age % SLOTS)
-    board = page_board()
-    if board is not None:
-        board.mark(0.0)  # whatever a killed predecessor on this slot left
     if preload_app:
         from dashboard.observatory.derive.runner import start_background
 
