@@ -27,7 +27,7 @@ spans to ``manage.py otlp_http`` under ``nice -n N`` (spans only: ``--records-pe
 the web server serving the pages (as deployed: deploy/run-otlp-http.sh runs the receiver
 niced); ``--no-web-derivations`` without the web workers' derivation thread;
 ``--worker-class gthread`` with gunicorn's stock worker; ``--lingerers N`` adds clients
-slow to close on the web port.
+slow to close on the web port; ``--no-page-yield`` without the in-process page priority.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ def run(db: str, args: argparse.Namespace) -> dict[str, object]:
     try:
         with private_postgres(workdir) if db == "postgres" else nullcontext("") as database_url:
             env = django_env(workdir, database_url)
+            if args.no_page_yield:
+                env["DJANGO_SETTINGS_MODULE"] = "benchmarks.no_page_yield_settings"
             manage(env, "migrate", "--noinput")
             setup_django(env)
             project, key, session = project_key_and_session()
@@ -199,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lingerers", type=int, default=0,
                         help="clients slow to close on the web port (each: a request with Connection: close, "
                              "its side kept open 1 s, closed, again)")
+    parser.add_argument("--no-page-yield", action="store_true",
+                        help="the servers without PagePriorityMiddleware (benchmarks/no_page_yield_settings.py): "
+                             "ingest never steps aside for a page of its own process")
     parser.add_argument("--json", action="store_true", help="print one JSON line (used for --db both)")
     args = parser.parse_args(argv)
     if args.ingest == "receiver" and args.records_per_batch:
@@ -225,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.senders} agents, {args.seconds:.0f} s of load, SIGKILL to every server process at "
           f"{args.kill_at:.0%}, {args.down:.0f} s down" if not args.no_kill else f"{args.senders} agents, {args.seconds:.0f} s of load, no kill")
     print(f"ingest to {'the web server' if args.ingest == 'web' else f'the OTLP/HTTP receiver (nice {args.nice})'}, "
-          f"web worker {args.worker_class}{', no web derivations' if args.no_web_derivations else ''}; load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+          f"web worker {args.worker_class}{', no web derivations' if args.no_web_derivations else ''}"
+          f"{', no page yield' if args.no_page_yield else ''}; load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
     for result in results:
         converged = result["converged_after_load_s"]
         print(f"\n{result['db']}: {result['batches']} batches acknowledged, {result['retries']} answered 429/503, "
