@@ -351,6 +351,17 @@ def _span(index: int) -> bytes:
     return request.SerializeToString()
 
 
+def _stop_all(process: subprocess.Popen, pids: list[str]) -> None:
+    """Whatever a failed test left running: the parent and its processes (killing the
+    parent alone leaves them serving)."""
+    for pid in pids:
+        if _alive(pid):
+            os.kill(int(pid), signal.SIGKILL)
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
 def _alive(pid: str) -> bool:
     return os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read().lower()
 
@@ -369,9 +380,7 @@ def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_si
         assert process.wait(timeout=30) == 0
         assert not any(_alive(pid) for pid in pids)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        _stop_all(process, pids)
     assert spans_stored(env) == 6
 
 
@@ -395,7 +404,5 @@ def test_manage_otlp_grpc_keeps_serving_when_a_process_is_killed(own_database, k
         assert process.wait(timeout=30) == 1
         assert not _alive(pids[1])
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        _stop_all(process, pids)
     assert spans_stored(env) == 7
