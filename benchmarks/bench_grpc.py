@@ -13,8 +13,8 @@ client), each on a database the other did not touch (its own trace ids). A
 throughput is the spans found in the database over the time until the last batch
 was acknowledged. ``--processes`` runs that many receivers on one port
 (SO_REUSEPORT, the kernel spreads connections), as gunicorn runs workers;
-``--grpc-server sync,aio --rounds 2`` runs grpc's threaded and asyncio servers in
-turn (A B A B, then HTTP each round unless ``--no-http``), each on a fresh database.
+``--rounds 2`` runs gRPC and HTTP in turn twice (A B A B), each on a fresh
+database; ``--no-http`` runs gRPC only. Each run prints the load average before it.
 Bounded: every call has a deadline and every process started here is stopped.
 """
 
@@ -61,12 +61,10 @@ RETRYABLE = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
 
 
 @contextmanager
-def grpc_receivers(env: dict[str, str], port: int, processes: int,
-                   kind: str = "sync") -> Iterator[list[subprocess.Popen]]:
-    """``manage.py otlp_grpc --processes N --server kind``: N processes serving the port (SO_REUSEPORT)."""
+def grpc_receivers(env: dict[str, str], port: int, processes: int) -> Iterator[list[subprocess.Popen]]:
+    """``manage.py otlp_grpc --processes N``: N processes serving the port (SO_REUSEPORT)."""
     servers = [
-        subprocess.Popen([PYTHON, "manage.py", "otlp_grpc", "--port", str(port), "--processes", str(processes),
-                          "--server", kind],
+        subprocess.Popen([PYTHON, "manage.py", "otlp_grpc", "--port", str(port), "--processes", str(processes)],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ]
     try:
@@ -175,10 +173,8 @@ def _database(database_url: str, name: str) -> str:
 
 
 def legs(args: argparse.Namespace) -> list[str]:
-    """The runs of a sitting, in order: each round the gRPC servers named (A B A B
-    over the rounds), then HTTP unless --no-http."""
-    return [leg for _ in range(args.rounds)
-            for leg in [f"grpc-{kind}" for kind in args.grpc_server] + ([] if args.no_http else ["http"])]
+    """The runs of a sitting, in order: each round gRPC, then HTTP unless --no-http."""
+    return [leg for _ in range(args.rounds) for leg in ["grpc"] + ([] if args.no_http else ["http"])]
 
 
 def load_average() -> str:
@@ -192,7 +188,7 @@ def run_one(db: str, args: argparse.Namespace, batches: list[bytes]) -> dict[str
         with (private_postgres(workdir) if db == "postgres" else _nothing()) as cluster:
             results: dict[str, object] = {"db": db, "sent": sent, "legs": []}
             for number, leg in enumerate(legs(args)):
-                name = f"{leg.replace('-', '_')}_{number}"
+                name = f"{leg}_{number}"
                 env = fresh_env(workdir, name, _database(cluster, f"bench_{name}"))
                 env["OBSERVATORY_GRPC_THREADS"] = str(args.threads)
                 env["OBSERVATORY_MAX_CONCURRENT_INGEST"] = str(args.threads)
@@ -200,8 +196,8 @@ def run_one(db: str, args: argparse.Namespace, batches: list[bytes]) -> dict[str
                 key = create_project_and_key(env)
                 port = free_port()
                 load = load_average()
-                if leg.startswith("grpc"):
-                    with grpc_receivers(env, port, args.processes, leg.removeprefix("grpc-")) as servers:
+                if leg == "grpc":
+                    with grpc_receivers(env, port, args.processes) as servers:
                         send_grpc(port, key, [batches[0][:0]] * args.clients * 2, args.clients)  # warm up
                         cpu_before = sum(cpu_seconds(process_tree(s.pid)) for s in servers)
                         seconds, retries, failures = send_grpc(port, key, batches, args.clients)
@@ -234,13 +230,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--processes", type=int, default=2, help="receivers (gRPC) / gunicorn workers (HTTP)")
     parser.add_argument("--threads", type=int, default=4, help="threads per receiver / worker")
     parser.add_argument("--http-workers", type=int, default=None, help="gunicorn workers (default: --processes)")
-    parser.add_argument("--grpc-server", type=lambda value: value.split(","), default=["sync"],
-                        help="otlp_grpc --server for the gRPC runs: sync, aio, or both in turn (sync,aio)")
-    parser.add_argument("--rounds", type=int, default=1, help="times each run is repeated, in turn (A B A B)")
+    parser.add_argument("--rounds", type=int, default=1, help="times gRPC then HTTP run, in turn (A B A B)")
     parser.add_argument("--no-http", action="store_true", help="gRPC runs only")
     args = parser.parse_args(argv)
-    if not set(args.grpc_server) <= {"sync", "aio"}:
-        parser.error("--grpc-server: sync, aio or sync,aio")
 
     print(f"building {args.batches} batches of {args.spans_per_batch} spans ...", flush=True)
     batches = span_batches(args.batches, genai_every=0, size=args.spans_per_batch)

@@ -25,14 +25,10 @@ a handler runs, so a sender that stalls mid-message holds no thread.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from concurrent import futures
-from dataclasses import dataclass
-from typing import Any
 
 import grpc
-import grpc.aio
 from django.conf import settings
 from django.db import close_old_connections
 from google.protobuf import any_pb2, duration_pb2
@@ -77,52 +73,32 @@ def status_of(exc: IngestError) -> tuple[grpc.StatusCode, bytes | None]:
     return code, status.SerializeToString()
 
 
-def _bearer(metadata) -> str:
-    for key, value in metadata or ():
+def _bearer(context: grpc.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
         if key == "authorization":
             return value if isinstance(value, str) else ""
     return ""
 
 
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """An export refused: the status, its message, and the google.rpc.Status
-    (``grpc-status-details-bin``) when there is one."""
-
-    code: grpc.StatusCode
-    message: str
-    details: bytes | None = None
-
-    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
-        return (("grpc-status-details-bin", self.details),) if self.details is not None else ()
-
-
-def export_answer(signal: str, request: bytes, metadata) -> bytes | Refusal:
-    """One export, whichever server received it (blocking: the database): the
-    Export*ServiceResponse after the commit, or the Refusal to abort the call with."""
+def _export(signal: str, request: bytes, context: grpc.ServicerContext) -> bytes:
     close_old_connections()  # what Django does around every HTTP request
     try:
         outcome = otlp_export(
-            signal=signal, authorization=_bearer(metadata), read_body=lambda: _body(request), content_type=PROTOBUF,
+            signal=signal, authorization=_bearer(context), read_body=lambda: _body(request), content_type=PROTOBUF,
             transport=IngestTransport.OTLP_GRPC,
         )
         return outcome.response_protobuf()
     except IngestError as exc:
         code, details = status_of(exc)
-        return Refusal(code, exc.message, details)
+        if details is not None:
+            context.set_trailing_metadata((("grpc-status-details-bin", details),))
+        context.abort(code, exc.message)
     except Exception:
         logger.exception("OTLP/gRPC %s export failed", signal)
-        return Refusal(grpc.StatusCode.INTERNAL, "internal error")
+        context.abort(grpc.StatusCode.INTERNAL, "internal error")
     finally:
         close_old_connections()
-
-
-def _export(signal: str, request: bytes, context: grpc.ServicerContext) -> bytes:
-    answer = export_answer(signal, request, context.invocation_metadata())
-    if isinstance(answer, Refusal):
-        context.set_trailing_metadata(answer.trailing_metadata())
-        context.abort(answer.code, answer.message)  # raises
-    return answer
+    raise AssertionError("unreachable")  # context.abort raises
 
 
 def _body(request: bytes) -> bytes:
@@ -133,58 +109,38 @@ def _body(request: bytes) -> bytes:
     return request
 
 
-def _sync_handler(signal: str, executor: futures.Executor) -> grpc.RpcMethodHandler:
+def _handler(signal: str) -> grpc.RpcMethodHandler:
     # No (de)serializers: the bytes go to the decoder HTTP uses, under its bounds.
-    # (The threaded server runs the handler in its own pool: ``executor``.)
     return grpc.unary_unary_rpc_method_handler(lambda request, context: _export(signal, request, context))
 
 
-def _aio_handler(signal: str, executor: futures.Executor) -> grpc.RpcMethodHandler:
-    # The store blocks: it runs in ``executor``, the event loop only moves the bytes.
-    async def export(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        loop = asyncio.get_running_loop()
-        answer = await loop.run_in_executor(executor, export_answer, signal, request, context.invocation_metadata())
-        if isinstance(answer, Refusal):
-            await context.abort(answer.code, answer.message, trailing_metadata=answer.trailing_metadata())
-        return answer
-
-    return grpc.unary_unary_rpc_method_handler(export)
-
-
-SERVERS = ("sync", "aio")  # grpc's threaded server, grpc's asyncio server (grpc.aio)
-
-
 def grpc_server_build(*, port: int, host: str = "127.0.0.1", threads: int | None = None,
-                      max_concurrent_rpcs: int | None = None, reuseport: bool | None = None,
-                      kind: str = "sync") -> tuple[Any, int]:
+                      max_concurrent_rpcs: int | None = None, reuseport: bool | None = None) -> tuple[grpc.Server, int]:
     """A server ready to start, and the port it is bound to (``port=0`` picks a
     free one, for tests); ``reuseport``: other processes may serve the port too
-    (OBSERVATORY_GRPC_REUSEPORT by default). ``kind`` "sync": a grpc.Server, its
-    handlers in a pool of ``threads``; "aio": a grpc.aio.Server (build it in the
-    loop that runs it; start and stop are coroutines), the exports in a pool of
-    ``threads``."""
+    (OBSERVATORY_GRPC_REUSEPORT by default)."""
     if reuseport is None:
         reuseport = settings.OBSERVATORY_GRPC_REUSEPORT
-    executor = futures.ThreadPoolExecutor(max_workers=threads or settings.OBSERVATORY_GRPC_THREADS,
-                                          thread_name_prefix="otlp-grpc")
-    handler = {"sync": _sync_handler, "aio": _aio_handler}[kind]
-    arguments: dict[str, Any] = dict(
+    threads = threads or settings.OBSERVATORY_GRPC_THREADS
+    limit = settings.OBSERVATORY_MAX_DECODED_BYTES
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="otlp-grpc"),
         handlers=[
-            grpc.method_handlers_generic_handler(TRACE_SERVICE, {"Export": handler(TRACES, executor)}),
-            grpc.method_handlers_generic_handler(LOGS_SERVICE, {"Export": handler(LOGS, executor)}),
-            grpc.method_handlers_generic_handler(METRICS_SERVICE, {"Export": handler(METRICS, executor)}),
+            grpc.method_handlers_generic_handler(TRACE_SERVICE, {"Export": _handler(TRACES)}),
+            grpc.method_handlers_generic_handler(LOGS_SERVICE, {"Export": _handler(LOGS)}),
+            grpc.method_handlers_generic_handler(METRICS_SERVICE, {"Export": _handler(METRICS)}),
         ],
         maximum_concurrent_rpcs=max_concurrent_rpcs or settings.OBSERVATORY_GRPC_MAX_CONCURRENT_RPCS,
         options=[
-            ("grpc.max_receive_message_length", settings.OBSERVATORY_MAX_DECODED_BYTES),
+            ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", 1024 * 1024),
             # Several receivers may share a port (the kernel spreads connections), as
             # gunicorn's workers share theirs; off by default so a second start fails loudly.
             ("grpc.so_reuseport", 1 if reuseport else 0),
         ],
     )
-    server = grpc.server(executor, **arguments) if kind == "sync" else grpc.aio.server(**arguments)
     bound = server.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
     if not bound:
         raise OSError(f"cannot listen on {host}:{port}")
     return server, bound
+

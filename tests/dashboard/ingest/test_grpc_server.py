@@ -1,11 +1,9 @@
 """OTLP/gRPC (dashboard.ingest.grpc_server): the server runs in this process on a free
 loopback port; clients are real gRPC channels sending the bytes an exporter sends.
-Storing, partial success, gzip, and every refusal (a gRPC status, nothing stored),
-each on both servers: grpc's threaded one and its asyncio one (``kind``)."""
+Storing, partial success, gzip, and every refusal (a gRPC status, nothing stored)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
@@ -29,14 +27,7 @@ from dashboard.accounts.models import Project
 from dashboard.accounts.services import apikey_create, project_create
 from dashboard.ingest import common
 from dashboard.ingest.common import IngestError
-from dashboard.ingest.grpc_server import (
-    LOGS_SERVICE,
-    METRICS_SERVICE,
-    SERVERS,
-    TRACE_SERVICE,
-    grpc_server_build,
-    status_of,
-)
+from dashboard.ingest.grpc_server import LOGS_SERVICE, METRICS_SERVICE, TRACE_SERVICE, grpc_server_build, status_of
 from dashboard.observatory.models import IngestTransport, LogRecord, Span
 
 from .conftest import spans_stored
@@ -56,58 +47,13 @@ def key():
     return apikey_create(project=project)[1]
 
 
-class Running:
-    """A server of ``kind`` started on a free port (an asyncio one in a loop of its own thread)."""
-
-    def __init__(self, kind: str, **options) -> None:
-        self.kind = kind
-        if kind == "sync":
-            self.server, self.port = grpc_server_build(port=0, **options)
-            self.server.start()
-            return
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self._start(options), self.loop).result(10)
-
-    async def _start(self, options) -> int:
-        self.server, port = grpc_server_build(port=0, kind="aio", **options)
-        await self.server.start()
-        return port
-
-    def stop(self) -> None:
-        if self.kind == "sync":
-            self.server.stop(0).wait()
-            return
-        asyncio.run_coroutine_threadsafe(self.server.stop(0), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
-@pytest.fixture(params=SERVERS)
-def kind(request):
-    return request.param
-
-
 @pytest.fixture
-def serve(kind):
-    """Start a server of ``kind`` (options as grpc_server_build's); its port. Stopped after the test."""
-    running: list[Running] = []
-
-    def start(**options) -> int:
-        running.append(Running(kind, **options))
-        return running[-1].port
-
-    yield start
-    for each in running:
-        each.stop()
-
-
-@pytest.fixture
-def server(settings, serve):
+def server(settings):
     settings.OBSERVATORY_MAX_CONCURRENT_INGEST = 2
-    return serve(threads=2)
+    running, port = grpc_server_build(port=0, threads=2)
+    running.start()
+    yield port
+    running.stop(0).wait()
 
 
 def channel_to(port: int, compression=None, *, fresh: bool = False):
@@ -213,14 +159,18 @@ def test_it_answers_unimplemented_for_unknown_services_and_methods(server, key, 
     assert refusal(server, method, spans_request(1), key).code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_it_refuses_an_oversize_message_before_decoding(settings, serve, key):
+def test_it_refuses_an_oversize_message_before_decoding(settings, key):
     settings.OBSERVATORY_MAX_DECODED_BYTES = 64 * 1024
-    port = serve(threads=1)
-    error = refusal(port, TRACES, spans_request(1, big="x" * 100_000), key)
-    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    # A gzip bomb: 100 KB of 'x' is ~200 bytes on the wire, refused once inflated.
-    bomb = refusal(port, TRACES, spans_request(1, big="x" * 100_000), key, compression=grpc.Compression.Gzip)
-    assert bomb.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    running, port = grpc_server_build(port=0, threads=1)
+    running.start()
+    try:
+        error = refusal(port, TRACES, spans_request(1, big="x" * 100_000), key)
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # A gzip bomb: 100 KB of 'x' is ~200 bytes on the wire, refused once inflated.
+        bomb = refusal(port, TRACES, spans_request(1, big="x" * 100_000), key, compression=grpc.Compression.Gzip)
+        assert bomb.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        running.stop(0).wait()
     assert not Span.objects.exists()
 
 
@@ -249,8 +199,9 @@ def test_it_maps_busy_database_to_unavailable_with_retry_info():
     assert status.details[0].Unpack(info) and info.retry_delay.seconds == 2
 
 
-def test_it_serves_others_while_a_sender_stalls_mid_message(settings, serve, key):
-    port = serve(threads=1)
+def test_it_serves_others_while_a_sender_stalls_mid_message(settings, key):
+    running, port = grpc_server_build(port=0, threads=1)
+    running.start()
     stalled = socket.create_connection(("127.0.0.1", port))
     try:
         # An HTTP/2 preface and half a frame header, then nothing: gRPC buffers it
@@ -260,6 +211,7 @@ def test_it_serves_others_while_a_sender_stalls_mid_message(settings, serve, key
         call(port, TRACES, spans_request(2), key, timeout=10)
     finally:
         stalled.close()
+        running.stop(0).wait()
     assert Span.objects.count() == 2
 
 
@@ -332,13 +284,13 @@ def test_a_broken_database_is_internal_without_retry_info_logged_and_counted_onc
     assert faults(IngestTransport.OTLP_GRPC, project) == 1
 
 
-def _manage_otlp_grpc(env, kind: str) -> tuple[subprocess.Popen, int, list[str]]:
-    """``manage.py otlp_grpc --processes 2 --server kind`` on a free port; (it, the port, its processes' pids)."""
+def _manage_otlp_grpc(env) -> tuple[subprocess.Popen, int, list[str]]:
+    """``manage.py otlp_grpc --processes 2`` on a free port; (it, the port, its processes' pids)."""
     from benchmarks.bench_ingest import free_port
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "manage.py", "otlp_grpc", "--port", str(port), "--processes", "2", "--server", kind],
+        [sys.executable, "manage.py", "otlp_grpc", "--port", str(port), "--processes", "2"],
         cwd=Path(__file__).resolve().parents[3], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     pids = [process.stdout.readline().split("process ")[1].rstrip(")\n") for _ in range(2)]
@@ -366,12 +318,11 @@ def _alive(pid: str) -> bool:
     return os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read().lower()
 
 
-@pytest.mark.parametrize("kind", SERVERS)
-def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_sigterm(own_database, kind):
+def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_sigterm(own_database):
     """``manage.py otlp_grpc --processes 2``: two processes on the port (SO_REUSEPORT),
     each storing; SIGTERM to the parent stops both."""
     env, own_key = own_database
-    process, port, pids = _manage_otlp_grpc(env, kind)
+    process, port, pids = _manage_otlp_grpc(env)
     try:
         assert len(set(pids)) == 2  # two processes listening on one port
         for index in range(6):
@@ -384,13 +335,12 @@ def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_si
     assert spans_stored(env) == 6
 
 
-@pytest.mark.parametrize("kind", SERVERS)
-def test_manage_otlp_grpc_keeps_serving_when_a_process_is_killed(own_database, kind):
+def test_manage_otlp_grpc_keeps_serving_when_a_process_is_killed(own_database):
     """A process killed with -9: the other one takes the port's new connections,
     every batch sent after is stored once; SIGTERM then stops the rest, and the
     parent says one failed (exit status 1)."""
     env, own_key = own_database
-    process, port, pids = _manage_otlp_grpc(env, kind)
+    process, port, pids = _manage_otlp_grpc(env)
     try:
         call(port, TRACES, _span(0), own_key, fresh=True)
         os.kill(int(pids[0]), signal.SIGKILL)

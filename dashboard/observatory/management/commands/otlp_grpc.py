@@ -14,7 +14,6 @@ port's new connections), so run it under a supervisor (compose's restart, system
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import threading
@@ -22,8 +21,6 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
-
-SERVERS = ("sync", "aio")  # as dashboard.ingest.grpc_server.SERVERS (not imported before the fork)
 
 
 class Command(BaseCommand):
@@ -35,15 +32,13 @@ class Command(BaseCommand):
         parser.add_argument("--processes", type=int, default=None,
                             help="processes serving the port (OBSERVATORY_GRPC_PROCESSES, one a core)")
         parser.add_argument("--grace", type=float, default=10.0, help="seconds in-flight exports get at shutdown")
-        parser.add_argument("--server", choices=SERVERS, default="sync",
-                            help="grpc's threaded server (sync) or its asyncio server (aio); the same exports")
 
-    def handle(self, *args, host, port, processes, grace, server, **options):
+    def handle(self, *args, host, port, processes, grace, **options):
         host = host or settings.OBSERVATORY_GRPC_HOST
         port = settings.OBSERVATORY_GRPC_PORT if port is None else port
         processes = max(1, processes or settings.OBSERVATORY_GRPC_PROCESSES)
         if processes == 1 or port == 0:  # (a port picked by each process would be one port each)
-            self._serve(host, port, grace, server, reuseport=settings.OBSERVATORY_GRPC_REUSEPORT)
+            self._serve(host, port, grace, reuseport=settings.OBSERVATORY_GRPC_REUSEPORT)
             return
         connections.close_all()  # none may cross the fork
         children = []
@@ -52,7 +47,7 @@ class Command(BaseCommand):
             if pid == 0:
                 code = 1
                 try:
-                    self._serve(host, port, grace, server, reuseport=True)
+                    self._serve(host, port, grace, reuseport=True)
                     code = 0
                 finally:
                     os._exit(code)
@@ -80,35 +75,17 @@ class Command(BaseCommand):
         if failed:
             raise CommandError(f"{failed} of {processes} OTLP/gRPC processes failed")
 
-    def _serve(self, host: str, port: int, grace: float, kind: str, *, reuseport: bool) -> None:
-        if kind == "aio":
-            asyncio.run(self._serve_aio(host, port, grace, reuseport=reuseport))
-        else:
-            from dashboard.ingest.grpc_server import grpc_server_build
-
-            server, bound = grpc_server_build(host=host, port=port, reuseport=reuseport)
-            stop = threading.Event()
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, lambda *_: stop.set())
-            server.start()
-            self._listening(host, bound)
-            stop.wait()
-            server.stop(grace).wait()
-        connections.close_all()
-        self.stdout.write("OTLP/gRPC stopped")
-
-    async def _serve_aio(self, host: str, port: int, grace: float, *, reuseport: bool) -> None:
+    def _serve(self, host: str, port: int, grace: float, *, reuseport: bool) -> None:
         from dashboard.ingest.grpc_server import grpc_server_build
 
-        server, bound = grpc_server_build(host=host, port=port, reuseport=reuseport, kind="aio")
-        stop = asyncio.Event()
+        server, bound = grpc_server_build(host=host, port=port, reuseport=reuseport)
+        stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-        await server.start()
-        self._listening(host, bound)
-        await stop.wait()
-        await server.stop(grace)
-
-    def _listening(self, host: str, bound: int) -> None:
+            signal.signal(signum, lambda *_: stop.set())
+        server.start()
         self.stdout.write(f"OTLP/gRPC listening on {host}:{bound} (process {os.getpid()})", ending="\n")
         self.stdout.flush()
+        stop.wait()
+        server.stop(grace).wait()
+        connections.close_all()
+        self.stdout.write("OTLP/gRPC stopped")
