@@ -12,7 +12,9 @@ then the same batches to gunicorn's /v1/traces (bench_ingest's server and
 client), each on a database the other did not touch (its own trace ids). A
 throughput is the spans found in the database over the time until the last batch
 was acknowledged. ``--processes`` runs that many receivers on one port
-(SO_REUSEPORT, the kernel spreads connections), as gunicorn runs workers.
+(SO_REUSEPORT, the kernel spreads connections), as gunicorn runs workers;
+``--rounds 2`` runs gRPC and HTTP in turn twice (A B A B), each on a fresh
+database; ``--no-http`` runs gRPC only. Each run prints the load average before it.
 Bounded: every call has a deadline and every process started here is stopped.
 """
 
@@ -170,20 +172,31 @@ def _database(database_url: str, name: str) -> str:
     return database_url.rsplit("/", 1)[0] + f"/{name}"
 
 
+def legs(args: argparse.Namespace) -> list[str]:
+    """The runs of a sitting, in order: each round gRPC, then HTTP unless --no-http."""
+    return [leg for _ in range(args.rounds) for leg in ["grpc"] + ([] if args.no_http else ["http"])]
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def run_one(db: str, args: argparse.Namespace, batches: list[bytes]) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-grpc-{db}-"))
     sent = len(batches) * args.spans_per_batch
     try:
         with (private_postgres(workdir) if db == "postgres" else _nothing()) as cluster:
-            results: dict[str, object] = {"db": db, "sent": sent}
-            for transport in ("grpc", "http"):
-                env = fresh_env(workdir, transport, _database(cluster, f"bench_{transport}"))
+            results: dict[str, object] = {"db": db, "sent": sent, "legs": []}
+            for number, leg in enumerate(legs(args)):
+                name = f"{leg}_{number}"
+                env = fresh_env(workdir, name, _database(cluster, f"bench_{name}"))
                 env["OBSERVATORY_GRPC_THREADS"] = str(args.threads)
                 env["OBSERVATORY_MAX_CONCURRENT_INGEST"] = str(args.threads)
                 manage(env, "migrate", "--noinput")
                 key = create_project_and_key(env)
                 port = free_port()
-                if transport == "grpc":
+                load = load_average()
+                if leg == "grpc":
                     with grpc_receivers(env, port, args.processes) as servers:
                         send_grpc(port, key, [batches[0][:0]] * args.clients * 2, args.clients)  # warm up
                         cpu_before = sum(cpu_seconds(process_tree(s.pid)) for s in servers)
@@ -200,8 +213,9 @@ def run_one(db: str, args: argparse.Namespace, batches: list[bytes]) -> dict[str
                         )
                         cpu = cpu_seconds(process_tree(server.pid)) - cpu_before
                 stored = count_spans(env)
-                results[transport] = {"stored": stored, "seconds": seconds, "retries": retries,
-                                      "failures": failures, "cpu": cpu}
+                results["legs"].append({"transport": leg, "stored": stored, "seconds": seconds, "retries": retries,
+                                        "failures": failures, "cpu": cpu, "load": load})
+                print(f"  {leg}: {stored / seconds if seconds else 0:,.0f} spans/s (load {load})", flush=True)
         return results
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -216,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--processes", type=int, default=2, help="receivers (gRPC) / gunicorn workers (HTTP)")
     parser.add_argument("--threads", type=int, default=4, help="threads per receiver / worker")
     parser.add_argument("--http-workers", type=int, default=None, help="gunicorn workers (default: --processes)")
+    parser.add_argument("--rounds", type=int, default=1, help="times gRPC then HTTP run, in turn (A B A B)")
+    parser.add_argument("--no-http", action="store_true", help="gRPC runs only")
     args = parser.parse_args(argv)
 
     print(f"building {args.batches} batches of {args.spans_per_batch} spans ...", flush=True)
@@ -228,13 +244,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"gRPC {args.processes} processes, HTTP {args.http_workers or args.processes} gunicorn workers, "
           f"x {args.threads} threads each, {args.clients} client threads, "
           f"{os.cpu_count()} cores, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
-    print(f"{'db':9} {'transport':9} {'spans/s':>9} {'stored':>9} {'sent':>9} {'retries':>8} {'failed':>7} {'cpu-s':>7}")
+    print(f"{'db':9} {'transport':10} {'spans/s':>9} {'stored':>9} {'sent':>9} {'retries':>8} {'failed':>7} "
+          f"{'cpu-s':>7} {'cpu-us/span':>11}  load before")
     for result in results:
-        for transport in ("grpc", "http"):
-            row = result[transport]
+        for row in result["legs"]:
             rate = row["stored"] / row["seconds"] if row["seconds"] else 0.0
-            print(f"{result['db']:9} {transport:9} {rate:9,.0f} {row['stored']:9,} {result['sent']:9,} "
-                  f"{row['retries']:8} {row['failures']:7} {row['cpu']:7.1f}")
+            per_span = row["cpu"] / row["stored"] * 1e6 if row["stored"] else 0.0
+            print(f"{result['db']:9} {row['transport']:10} {rate:9,.0f} {row['stored']:9,} {result['sent']:9,} "
+                  f"{row['retries']:8} {row['failures']:7} {row['cpu']:7.1f} {per_span:11.0f}  {row['load']}")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,14 @@ Storing, partial success, gzip, and every refusal (a gRPC status, nothing stored
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -51,13 +56,16 @@ def server(settings):
     running.stop(0).wait()
 
 
-def channel_to(port: int, compression=None):
-    return grpc.insecure_channel(f"127.0.0.1:{port}", compression=compression)
+def channel_to(port: int, compression=None, *, fresh: bool = False):
+    # fresh: a connection of its own (not one of the process-wide pool's, which other channels share)
+    options = [("grpc.use_local_subchannel_pool", 1)] if fresh else []
+    return grpc.insecure_channel(f"127.0.0.1:{port}", compression=compression, options=options)
 
 
-def call(port: int, method: str, body: bytes, key: str | None, *, compression=None, timeout: float = 20):
+def call(port: int, method: str, body: bytes, key: str | None, *, compression=None, timeout: float = 20,
+         fresh: bool = False):
     metadata = (("authorization", f"Bearer {key}"),) if key else ()
-    with channel_to(port, compression) as channel:
+    with channel_to(port, compression, fresh=fresh) as channel:
         return channel.unary_unary(method)(body, metadata=metadata, timeout=timeout)
 
 
@@ -276,35 +284,75 @@ def test_a_broken_database_is_internal_without_retry_info_logged_and_counted_onc
     assert faults(IngestTransport.OTLP_GRPC, project) == 1
 
 
+def _manage_otlp_grpc(env) -> tuple[subprocess.Popen, int, list[str]]:
+    """``manage.py otlp_grpc --processes 2`` on a free port; (it, the port, its processes' pids)."""
+    from benchmarks.bench_ingest import free_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "otlp_grpc", "--port", str(port), "--processes", "2"],
+        cwd=Path(__file__).resolve().parents[3], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    pids = [process.stdout.readline().split("process ")[1].rstrip(")\n") for _ in range(2)]
+    return process, port, pids
+
+
+def _span(index: int) -> bytes:
+    request = ExportTraceServiceRequest.FromString(spans_request(1))
+    request.resource_spans[0].scope_spans[0].spans[0].span_id = (index + 1).to_bytes(8, "big")
+    return request.SerializeToString()
+
+
+def _stop_all(process: subprocess.Popen, pids: list[str]) -> None:
+    """Whatever a failed test left running: the parent and its processes (killing the
+    parent alone leaves them serving)."""
+    for pid in pids:
+        if _alive(pid):
+            os.kill(int(pid), signal.SIGKILL)
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def _alive(pid: str) -> bool:
+    return os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read().lower()
+
+
 def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_sigterm(own_database):
     """``manage.py otlp_grpc --processes 2``: two processes on the port (SO_REUSEPORT),
     each storing; SIGTERM to the parent stops both."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from benchmarks.bench_ingest import free_port
-
     env, own_key = own_database
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "manage.py", "otlp_grpc", "--port", str(port), "--processes", "2"],
-                               cwd=Path(__file__).resolve().parents[3], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
+    process, port, pids = _manage_otlp_grpc(env)
     try:
-        pids = {process.stdout.readline().split("process ")[1].rstrip(")\n") for _ in range(2)}
-        assert len(pids) == 2  # two processes listening on one port
+        assert len(set(pids)) == 2  # two processes listening on one port
         for index in range(6):
-            request = ExportTraceServiceRequest.FromString(spans_request(1))
-            request.resource_spans[0].scope_spans[0].spans[0].span_id = (index + 1).to_bytes(8, "big")
-            call(port, TRACES, request.SerializeToString(), own_key)
+            call(port, TRACES, _span(index), own_key)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
-        assert not any(os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read().lower()
-                       for pid in pids)
+        assert not any(_alive(pid) for pid in pids)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        _stop_all(process, pids)
     assert spans_stored(env) == 6
+
+
+def test_manage_otlp_grpc_keeps_serving_when_a_process_is_killed(own_database):
+    """A process killed with -9: the other one takes the port's new connections,
+    every batch sent after is stored once; SIGTERM then stops the rest, and the
+    parent says one failed (exit status 1)."""
+    env, own_key = own_database
+    process, port, pids = _manage_otlp_grpc(env)
+    try:
+        call(port, TRACES, _span(0), own_key, fresh=True)
+        os.kill(int(pids[0]), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(pids[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for index in range(1, 7):  # a new connection each: the kernel picks a listener each time
+            call(port, TRACES, _span(index), own_key, fresh=True)
+        assert _alive(pids[1])
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 1
+        assert not _alive(pids[1])
+    finally:
+        _stop_all(process, pids)
+    assert spans_stored(env) == 7
