@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import ctypes
 import logging
 import os
-import signal
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -43,6 +41,7 @@ from django.db import close_old_connections, connections
 from .common import BUSY_RETRY_AFTER, IngestError, decode_content
 from .export import LOGS, METRICS, TRACES, ExportOutcome, ExportRequest, otlp_export_all
 from .group_commit import MAX_GROUP, fitting
+from .lifetime import end_with_parent
 from .otlp import CONTENT_TYPES, encode_status
 
 logger = logging.getLogger(__name__)
@@ -73,22 +72,14 @@ class _Request:
 
 
 PARENT_VARIABLE = "OBSERVATORY_RECEIVER_PARENT"  # the server's main process, set by manage.py otlp_http
-_PR_SET_PDEATHSIG = 1
 
 
 def stop_with_parent() -> None:
-    """In a worker of ``manage.py otlp_http``: have the kernel send SIGTERM when the
-    server's main process dies (``kill -9`` included), so no worker goes on serving the
-    port unsupervised (Granian leaves its workers running when its main process is killed)."""
+    """In a worker of ``manage.py otlp_http``: stopped when the server's main process
+    dies (Granian leaves its workers running when its main process is killed)."""
     parent = os.environ.get(PARENT_VARIABLE)
-    if not parent:
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux
-        return
-    if os.getppid() != int(parent):  # it died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    if parent:
+        end_with_parent(int(parent))
 
 
 def allow_blocking_database() -> None:

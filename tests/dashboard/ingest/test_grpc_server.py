@@ -356,3 +356,19 @@ def test_manage_otlp_grpc_keeps_serving_when_a_process_is_killed(own_database):
     finally:
         _stop_all(process, pids)
     assert spans_stored(env) == 7
+
+
+def test_manage_otlp_grpc_s_processes_stop_when_their_parent_is_killed(own_database):
+    """kill -9 of ``manage.py otlp_grpc --processes 2``: its processes do not go on
+    serving the port unsupervised (the kernel stops them: PR_SET_PDEATHSIG)."""
+    env, _ = own_database
+    process, _, pids = _manage_otlp_grpc(env)
+    try:
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in pids):
+            assert time.monotonic() < deadline, "processes still serving after their parent was killed"
+            time.sleep(0.2)
+    finally:
+        _stop_all(process, pids)

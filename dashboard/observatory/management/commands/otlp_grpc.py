@@ -22,6 +22,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from dashboard.ingest.lifetime import end_with_parent
+
 
 class Command(BaseCommand):
     help = "Serve OTLP/gRPC (traces and logs) on OBSERVATORY_GRPC_HOST:OBSERVATORY_GRPC_PORT."
@@ -41,12 +43,13 @@ class Command(BaseCommand):
             self._serve(host, port, grace, reuseport=settings.OBSERVATORY_GRPC_REUSEPORT)
             return
         connections.close_all()  # none may cross the fork
-        children = []
+        children, parent = [], os.getpid()
         for _ in range(processes):
             pid = os.fork()  # before any gRPC server or channel exists in this process
             if pid == 0:
                 code = 1
                 try:
+                    end_with_parent(parent)  # a parent killed with -9 takes its processes with it
                     self._serve(host, port, grace, reuseport=True)
                     code = 0
                 finally:
