@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 
@@ -26,3 +29,19 @@ def spans_stored(env: dict[str, str]) -> int:
 
     code = "from dashboard.observatory.models import Span; print(Span.objects.count())"
     return int(manage(env, "shell", "-c", code).strip().splitlines()[-1])
+
+
+def alive(pid: int | str) -> bool:
+    """The process runs (neither gone nor a zombie)."""
+    try:
+        return "zombie" not in Path(f"/proc/{int(pid)}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return False
+
+
+def until_gone(pids: list, message: str, timeout: float = 30.0) -> None:
+    """Wait until none of the processes runs; fail with ``message`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, message
+        time.sleep(0.2)

@@ -30,7 +30,7 @@ from dashboard.ingest.common import IngestError
 from dashboard.ingest.grpc_server import LOGS_SERVICE, METRICS_SERVICE, TRACE_SERVICE, grpc_server_build, status_of
 from dashboard.observatory.models import IngestTransport, LogRecord, Span
 
-from .conftest import spans_stored
+from .conftest import alive, spans_stored, until_gone
 from .database_faults import broken_reports, broken_table, busy_database, faults, names_nothing_internal
 from .test_otlp_logs import make_logs
 
@@ -307,15 +307,11 @@ def _stop_all(process: subprocess.Popen, pids: list[str]) -> None:
     """Whatever a failed test left running: the parent and its processes (killing the
     parent alone leaves them serving)."""
     for pid in pids:
-        if _alive(pid):
+        if alive(pid):
             os.kill(int(pid), signal.SIGKILL)
     if process.poll() is None:
         process.kill()
         process.wait()
-
-
-def _alive(pid: str) -> bool:
-    return os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read().lower()
 
 
 def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_sigterm(own_database):
@@ -329,7 +325,7 @@ def test_manage_otlp_grpc_serves_one_port_from_several_processes_and_stops_on_si
             call(port, TRACES, _span(index), own_key)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
-        assert not any(_alive(pid) for pid in pids)
+        assert not any(alive(pid) for pid in pids)
     finally:
         _stop_all(process, pids)
     assert spans_stored(env) == 6
@@ -345,14 +341,14 @@ def test_manage_otlp_grpc_keeps_serving_when_a_process_is_killed(own_database):
         call(port, TRACES, _span(0), own_key, fresh=True)
         os.kill(int(pids[0]), signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while _alive(pids[0]) and time.monotonic() < deadline:
+        while alive(pids[0]) and time.monotonic() < deadline:
             time.sleep(0.05)
         for index in range(1, 7):  # a new connection each: the kernel picks a listener each time
             call(port, TRACES, _span(index), own_key, fresh=True)
-        assert _alive(pids[1])
+        assert alive(pids[1])
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 1
-        assert not _alive(pids[1])
+        assert not alive(pids[1])
     finally:
         _stop_all(process, pids)
     assert spans_stored(env) == 7
@@ -366,9 +362,6 @@ def test_manage_otlp_grpc_s_processes_stop_when_their_parent_is_killed(own_datab
     try:
         process.kill()
         process.wait()
-        deadline = time.monotonic() + 30
-        while any(_alive(pid) for pid in pids):
-            assert time.monotonic() < deadline, "processes still serving after their parent was killed"
-            time.sleep(0.2)
+        until_gone(pids, "processes still serving after their parent was killed")
     finally:
         _stop_all(process, pids)

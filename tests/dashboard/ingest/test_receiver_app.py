@@ -34,7 +34,7 @@ from dashboard.ingest import receiver_app
 from dashboard.ingest import spans as spans_module
 from dashboard.observatory.models import IngestTransport, LogRecord, Span
 
-from .conftest import spans_stored
+from .conftest import spans_stored, until_gone
 from .database_faults import broken_table, busy_database, faults, names_nothing_internal, poisoned_spans
 from .test_grpc_server import spans_request
 from .test_otlp_logs import make_logs
@@ -527,14 +527,5 @@ def test_the_workers_stop_when_the_server_s_main_process_is_killed(own_database,
     finally:
         process.kill()
         process.wait()
-    deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in workers):
-        assert time.monotonic() < deadline, "workers still serving after their main process was killed"
-        time.sleep(0.2)
+    until_gone(workers, "workers still serving after their main process was killed")
 
-
-def _alive(pid: int) -> bool:
-    try:
-        return "zombie" not in Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
-    except (OSError, IndexError):
-        return False
