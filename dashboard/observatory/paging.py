@@ -59,7 +59,7 @@ def values_read(query: Any, *, named: bool = False) -> list[tuple]:
         rows = cursor.fetchall()
     convert = [(i, converter) for i, converter in enumerate(converters) if converter is not None]
     if not convert:
-        return [tuple(row) for row in rows]
+        return rows  # (the drivers' rows are tuples)
     converted = []
     for row in rows:
         values = list(row)

@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 
 from dashboard.accounts.models import Project
 from dashboard.observatory.conventions import MESSAGE_EVENTS
@@ -63,14 +63,13 @@ def conversation_messages(conversation: Conversation) -> tuple[list[LogRecord], 
     round is that round's messages (the log_messages pass) and would say its text twice.
     Also returns whether there are more, and how many the rounds show."""
     events = LogRecord.objects.filter(conversation=conversation, event_name__startswith="gen_ai.")
-    in_rounds = events.filter(event_name__in=sorted(MESSAGE_EVENTS)).exclude(span_id="").filter(Exists(
+    in_rounds = Q(event_name__in=sorted(MESSAGE_EVENTS)) & ~Q(span_id="") & Q(Exists(
         Round.objects.filter(project_id=OuterRef("project_id"), trace_id=OuterRef("trace_id"),
                              span_id=OuterRef("span_id"), source=Source.SPAN)))  # round_project_trace
-    rows = list(events.exclude(pk__in=in_rounds.values("pk")).only(*_COLUMNS).order_by("time", "id")
-                [: CONVERSATION_LOG_LIMIT + 1])
+    rows = list(events.exclude(in_rounds).only(*_COLUMNS).order_by("time", "id")[: CONVERSATION_LOG_LIMIT + 1])
     for row in rows:
         row.content = log_content(row)
-    return rows[:CONVERSATION_LOG_LIMIT], len(rows) > CONVERSATION_LOG_LIMIT, in_rounds.count()
+    return rows[:CONVERSATION_LOG_LIMIT], len(rows) > CONVERSATION_LOG_LIMIT, events.filter(in_rounds).count()
 
 
 def logs_page(project: Project, *, before_id: int | None = None, trace_id: str = "") -> tuple[list[LogRecord], int | None]:
