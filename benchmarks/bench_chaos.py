@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -53,6 +52,7 @@ from benchmarks.load import (
     RssSampler,
     Server,
     django_env,
+    load_average,
     project_key_and_session,
     setup_django,
     losses,
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.kill_at:.0%}, {args.down:.0f} s down" if not args.no_kill else f"{args.senders} agents, {args.seconds:.0f} s of load, no kill")
     print(f"ingest to {'the web server' if args.ingest == 'web' else f'the OTLP/HTTP receiver (nice {args.nice})'}, "
           f"web worker {args.worker_class}{', no web derivations' if args.no_web_derivations else ''}"
-          f"{', no page yield' if args.no_page_yield else ''}; load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
+          f"{', no page yield' if args.no_page_yield else ''}; load average {load_average()}")
     for result in results:
         converged = result["converged_after_load_s"]
         print(f"\n{result['db']}: {result['batches']} batches acknowledged, {result['retries']} answered 429/503, "

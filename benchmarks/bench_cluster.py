@@ -53,6 +53,7 @@ from benchmarks.load import (
     RssSampler,
     Server,
     django_env,
+    load_average,
     losses,
     project_key_and_session,
     setup_django,
@@ -306,10 +307,6 @@ def lock_waits(waits: Counter) -> None:
                        "AND pid <> pg_backend_pid()")
         kinds = [kind for (kind,) in cursor.fetchall()]
     waits.update(["looks", *(["waiting"] if kinds else []), *kinds])
-
-
-def load_average() -> str:
-    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def say(text: str) -> None:

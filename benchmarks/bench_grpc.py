@@ -39,6 +39,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from benchmarks import run_threads
+from benchmarks.load import load_average
 from benchmarks.bench_ingest import (
     PYTHON,
     REQUEST_TIMEOUT,
@@ -175,10 +176,6 @@ def _database(database_url: str, name: str) -> str:
 def legs(args: argparse.Namespace) -> list[str]:
     """The runs of a sitting, in order: each round gRPC, then HTTP unless --no-http."""
     return [leg for _ in range(args.rounds) for leg in ["grpc"] + ([] if args.no_http else ["http"])]
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def run_one(db: str, args: argparse.Namespace, batches: list[bytes]) -> dict[str, object]:

@@ -360,6 +360,11 @@ class PageReader:
         return f"p95 by page (ms): {pages}; server time p95 {percentile(self.server, 95) * 1000:.0f} ms"
 
 
+def load_average() -> str:
+    """The machine's load averages (1, 5, 15 minutes), printed beside a figure."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def percentile(values: list[float], pct: float) -> float:
     if not values:
         return float("nan")
