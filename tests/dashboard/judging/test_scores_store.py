@@ -113,6 +113,33 @@ def test_it_links_a_score_that_arrived_before_its_conversation(project):
     assert Score.objects.get(score_id="r").round == Round.objects.get(conversation=conversation)
 
 
+def test_the_link_pass_of_a_project_nobody_judges_is_one_query(project, other_project):
+    """What a batch names is read only when the project has scores: in the soak (no
+    judging) those reads were 6 % of the drainer. Another project's waiting score
+    does not make this project's pass read."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from dashboard.judging.links import scores_link
+    from dashboard.observatory.derive.batch import Batch
+
+    scores_store(project=other_project, author=Author.of_key(None), scores=[score(score_id="elsewhere")])
+    store(project, [round_record("conv-3", 0)])
+    conversation = Conversation.objects.get(project=project, external_id="conv-3")
+    batch = Batch(project_id=project.pk, since=AT - timedelta(days=1), until=datetime.now(timezone.utc))
+    batch.conversation_ids.add(conversation.pk)
+    with CaptureQueriesContext(connection) as queries:
+        scores_link(batch)
+    assert len(queries) == 1, [query["sql"] for query in queries]
+
+    scores_store(project=project, author=Author.of_key(None), scores=[score(score_id="late", conversation_id="conv-4")])
+    Score.objects.filter(score_id="late").update(conversation_key="conv-3")  # waiting for conv-3's row
+    with CaptureQueriesContext(connection) as queries:
+        scores_link(batch)
+    assert len(queries) > 1
+    assert Score.objects.get(score_id="late").conversation == conversation
+
+
 def test_it_finds_the_record_round_again_when_it_replaces_a_derived_one(client, project, api_key):
     """A derived round that a record describes is deleted (span_rows); its score
     follows the record's round, found by the same trace."""
