@@ -22,6 +22,9 @@ max over the batches that became visible in the window and, as their age so far,
 those not visible yet), and the derivation notes waiting. After the load: the
 seconds until rollups and links agree with the rows (benchmarks.load.divergence).
 
+``--lock-probe`` (SQLite) adds a line a window: the share of it ingest and the
+derivations held SQLite's one write lock (benchmarks/sqlite_lock_probe.py).
+
 Targets: lag p95 < 10 s, PSS < 400 MB and flat over the hour (the last window
 within 10 % of the first after warm-up; PSS counts a page the workers share with
 the master once, where RSS summed counts it in every process), page p95 < 500 ms,
@@ -41,6 +44,7 @@ from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
 
+from benchmarks import sqlite_lock_probe
 from benchmarks.bench_ingest import manage, private_postgres
 from benchmarks.load import (
     Acknowledged,
@@ -127,7 +131,13 @@ def run(args: argparse.Namespace) -> None:
             manage(env, "migrate", "--noinput")
             setup_django(env)
             project, key, session = project_key_and_session()
-            server = Server(env)
+            options: tuple[str, ...] = ()
+            if args.lock_probe:
+                args.lock_probe_dir = workdir / "lock-probe"
+                args.lock_probe_dir.mkdir()
+                env[sqlite_lock_probe.DIR] = str(args.lock_probe_dir)
+                options = ("-c", str(Path(__file__).with_name("gunicorn_lock_probe.conf.py")))
+            server = Server(env, options=options)
             server.start()
             try:
                 soak([server], project, key, session, args)
@@ -178,6 +188,8 @@ def soak(servers: list[Server], project, key: str, session: str,
           f"{'lag p95':>8} {'lag max':>8} {'notes':>6}", flush=True)
     started = time.time()
     window_start, last = started, stored_counts(project.pk)
+    probe_dir = getattr(args, "lock_probe_dir", None)
+    held = sqlite_lock_probe.totals(probe_dir) if probe_dir else None
     rss_by_window, pss_by_window, lag_all = [], [], []
     try:
         while time.time() - started < args.seconds:
@@ -201,6 +213,10 @@ def soak(servers: list[Server], project, key: str, session: str,
                       f"{pss_by_window[-1]:>7.0f} "
                       f"{percentile(page_times, 95) * 1000:>7.0f}ms {percentile(lags, 95):>7.1f}s "
                       f"{max(lags, default=float('nan')):>7.1f}s {notes_waiting():>6}", flush=True)
+                if held is not None:
+                    now_held = sqlite_lock_probe.totals(probe_dir)
+                    print(f"      {sqlite_lock_probe.window_line(held, now_held, seconds)}", flush=True)
+                    held = now_held
                 window_start, last = now, counts
     finally:
         stop.set()
@@ -244,7 +260,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--converge-timeout", type=float, default=120.0)
     parser.add_argument("--tool-every", type=int, default=4,
                         help="one span in this many is a GenAI tool span (1: OpenTelemetry-only tool calls)")
+    parser.add_argument("--lock-probe", action="store_true",
+                        help="SQLite: each window, the share of it ingest and the derivations held the write lock "
+                             "(benchmarks/sqlite_lock_probe.py)")
     args = parser.parse_args(argv)
+    if args.lock_probe and args.db != "sqlite":
+        sys.exit("--lock-probe is for SQLite")
     args.seconds = (10.0 if args.short else args.minutes) * 60
     if args.seconds <= 0 or args.rate <= 0 or args.agents <= 0:
         sys.exit("--minutes, --rate and --agents must be positive")
