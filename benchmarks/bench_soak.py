@@ -132,15 +132,15 @@ def run(args: argparse.Namespace) -> None:
             setup_django(env)
             project, key, session = project_key_and_session()
             options: tuple[str, ...] = ()
-            if args.lock_probe:
-                args.lock_probe_dir = workdir / "lock-probe"
-                args.lock_probe_dir.mkdir()
-                env[sqlite_lock_probe.DIR] = str(args.lock_probe_dir)
+            probe = workdir / "lock-probe" if args.lock_probe else None
+            if probe is not None:
+                probe.mkdir()
+                env[sqlite_lock_probe.DIR] = str(probe)
                 options = ("-c", str(Path(__file__).with_name("gunicorn_lock_probe.conf.py")))
             server = Server(env, options=options)
             server.start()
             try:
-                soak([server], project, key, session, args)
+                soak([server], project, key, session, args, lock_probe=probe)
             finally:
                 server.stop()
     finally:
@@ -159,11 +159,12 @@ def soak_agents(ports: tuple[int, ...], key: str, acknowledged: Acknowledged, *,
     ]
 
 
-def soak(servers: list[Server], project, key: str, session: str,
-         args: argparse.Namespace) -> tuple[Acknowledged, float | None]:
+def soak(servers: list[Server], project, key: str, session: str, args: argparse.Namespace, *,
+         lock_probe: Path | None = None) -> tuple[Acknowledged, float | None]:
     """The load, a line a window, the convergence after it. With several servers the
     agents are spread over them (each turning to the others while its own does not
-    answer), the reader reads from the last, memory is summed over them. Returns what
+    answer), the reader reads from the last, memory is summed over them. ``lock_probe``:
+    the directory the servers' lock probes write to (a line of their shares a window). Returns what
     was acknowledged and the seconds until the derived data agreed with the rows (None:
     not within the timeout)."""
     from django.db import close_old_connections
@@ -188,8 +189,7 @@ def soak(servers: list[Server], project, key: str, session: str,
           f"{'lag p95':>8} {'lag max':>8} {'notes':>6}", flush=True)
     started = time.time()
     window_start, last = started, stored_counts(project.pk)
-    probe_dir = getattr(args, "lock_probe_dir", None)
-    held = sqlite_lock_probe.totals(probe_dir) if probe_dir else None
+    held = sqlite_lock_probe.totals(lock_probe) if lock_probe is not None else None
     rss_by_window, pss_by_window, lag_all = [], [], []
     try:
         while time.time() - started < args.seconds:
@@ -214,7 +214,7 @@ def soak(servers: list[Server], project, key: str, session: str,
                       f"{percentile(page_times, 95) * 1000:>7.0f}ms {percentile(lags, 95):>7.1f}s "
                       f"{max(lags, default=float('nan')):>7.1f}s {notes_waiting():>6}", flush=True)
                 if held is not None:
-                    now_held = sqlite_lock_probe.totals(probe_dir)
+                    now_held = sqlite_lock_probe.totals(lock_probe)
                     print(f"      {sqlite_lock_probe.window_line(held, now_held, seconds)}", flush=True)
                     held = now_held
                 window_start, last = now, counts

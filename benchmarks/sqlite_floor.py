@@ -17,25 +17,20 @@ import time
 from pathlib import Path
 
 
-def floor(source: sqlite3.Connection, *, unique_only: bool, transactions: int) -> tuple[dict[str, float], int]:
-    """CPU seconds by table of inserting the source's observatory rows again; the spans."""
-    tables = [name for (name,) in source.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'observatory%'")]
-    spans = source.execute("SELECT count(*) FROM observatory_span").fetchone()[0]
+def floor(source: sqlite3.Connection, tables: dict[str, list[tuple]], *, unique_only: bool,
+          transactions: int) -> dict[str, float]:
+    """CPU seconds by table of inserting ``tables``' rows (read from ``source``) again
+    into an empty copy of its schema."""
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="sqlite-floor-") as directory:
         target = sqlite3.connect(Path(directory) / "floor.sqlite3", isolation_level=None)
         target.execute("PRAGMA journal_mode = WAL")
-        for (sql,) in source.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name LIKE 'observatory%'"):
-            target.execute(sql)
-        for (sql,) in source.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
-                                     "AND tbl_name LIKE 'observatory%'"):
-            if not unique_only or sql.upper().startswith("CREATE UNIQUE"):
+        for kind, sql in source.execute("SELECT type, sql FROM sqlite_master WHERE type IN ('table', 'index') "
+                                        "AND sql IS NOT NULL AND tbl_name LIKE 'observatory%' "
+                                        "ORDER BY type = 'index'"):
+            if kind == "table" or not unique_only or sql.upper().startswith("CREATE UNIQUE"):
                 target.execute(sql)
-        for table in tables:
-            rows = source.execute(f'SELECT * FROM "{table}"').fetchall()
-            if not rows:
-                continue
+        for table, rows in tables.items():
             insert = f'INSERT INTO "{table}" VALUES ({", ".join("?" * len(rows[0]))})'
             step = max(1, -(-len(rows) // transactions))
             started = time.process_time()
@@ -45,7 +40,7 @@ def floor(source: sqlite3.Connection, *, unique_only: bool, transactions: int) -
                 target.execute("COMMIT")
             seconds[table] = time.process_time() - started
         target.close()
-    return seconds, spans
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,8 +52,12 @@ def main(argv: list[str] | None = None) -> None:
     if not database.exists() or args.transactions <= 0:
         raise SystemExit(f"no observatory.sqlite3 in {args.data_dir}, or --transactions not positive")
     source = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+    tables = {name: rows for (name,) in source.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'observatory%'")
+        if (rows := source.execute(f'SELECT * FROM "{name}"').fetchall())}
+    spans = len(tables.get("observatory_span", ()))
     for unique_only in (False, True):
-        seconds, spans = floor(source, unique_only=unique_only, transactions=args.transactions)
+        seconds = floor(source, tables, unique_only=unique_only, transactions=args.transactions)
         biggest = sorted(seconds.items(), key=lambda item: -item[1])[:4]
         print(f"{'unique indexes only' if unique_only else 'all indexes':>19}: "
               f"{sum(seconds.values()) / max(spans, 1) * 1e6:.0f} µs a span ({spans:,} spans); "
