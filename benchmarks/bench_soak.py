@@ -24,6 +24,8 @@ seconds until rollups and links agree with the rows (benchmarks.load.divergence)
 
 ``--lock-probe`` (SQLite) adds a line a window: the share of it ingest and the
 derivations held SQLite's one write lock (benchmarks/sqlite_lock_probe.py).
+``--keep`` leaves the data dir for ``benchmarks.sqlite_floor``: what SQLite alone
+takes to insert the rows the soak stored, the floor under any code on its one writer.
 
 Targets: lag p95 < 10 s, PSS < 400 MB and flat over the hour (the last window
 within 10 % of the first after warm-up; PSS counts a page the workers share with
@@ -144,7 +146,10 @@ def run(args: argparse.Namespace) -> None:
             finally:
                 server.stop()
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep:
+            print(f"data kept in {workdir / 'data'}", flush=True)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def soak_agents(ports: tuple[int, ...], key: str, acknowledged: Acknowledged, *, agents: int,
@@ -263,6 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lock-probe", action="store_true",
                         help="SQLite: each window, the share of it ingest and the derivations held the write lock "
                              "(benchmarks/sqlite_lock_probe.py)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the data dir (its path is printed): benchmarks.sqlite_floor reads its rows")
     args = parser.parse_args(argv)
     if args.lock_probe and args.db != "sqlite":
         sys.exit("--lock-probe is for SQLite")

@@ -5,6 +5,7 @@ the run had batches. CPU µs a span, by table, with the schema's indexes and wit
 unique ones only: the floor under any ingest and derivation code on SQLite's one writer.
 
     .venv/bin/python -m benchmarks.bench_burst --batches 20 --keep      # prints the data dir
+    .venv/bin/python -m benchmarks.bench_soak --minutes 1 --keep        # or the soak's mix
     .venv/bin/python -m benchmarks.sqlite_floor --data-dir /tmp/bench-burst-…/data --transactions 20
 """
 
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
         seconds = floor(source, tables, unique_only=unique_only, transactions=args.transactions)
         biggest = sorted(seconds.items(), key=lambda item: -item[1])[:4]
         print(f"{'unique indexes only' if unique_only else 'all indexes':>19}: "
-              f"{sum(seconds.values()) / max(spans, 1) * 1e6:.0f} µs a span ({spans:,} spans); "
+              f"{sum(seconds.values()) / max(spans, 1) * 1e6:.0f} µs a span ({spans:,} spans; at most "
+              f"{spans / max(sum(seconds.values()), 1e-9):,.0f} spans/s on one writer doing nothing else); "
               + ", ".join(f"{table.removeprefix('observatory_')} {value / max(spans, 1) * 1e6:.0f}"
                           for table, value in biggest), flush=True)
 
