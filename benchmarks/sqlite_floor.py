@@ -50,6 +50,10 @@ def _unique(name: str, sql: str) -> bool:
     return sql.upper().startswith("CREATE UNIQUE")
 
 
+def _every(name: str, sql: str) -> bool:
+    return True
+
+
 def each_index(source: sqlite3.Connection, table: str, rows: list[tuple], spans: int, transactions: int) -> None:
     """For each secondary index of ``table``: what inserting its rows costs a span
     without that index, against all of them (the first and last lines: all, twice, for
@@ -61,17 +65,17 @@ def each_index(source: sqlite3.Connection, table: str, rows: list[tuple], spans:
     def cost(keep: Callable[[str, str], bool]) -> float:
         return floor(source, {table: rows}, keep=keep, transactions=transactions)[table] / max(spans, 1) * 1e6
 
-    every = cost(lambda name, sql: True)
+    every = cost(_every)
     print(f"{table}: {every:.1f} µs a span with its {len(indexes)} secondary indexes", flush=True)
     for index in indexes:
         without = cost(lambda name, sql, index=index: name != index)
         print(f"  without {index:<34} {without:5.1f} µs a span (saves {every - without:4.1f})", flush=True)
-    print(f"{table}: {cost(lambda name, sql: True):.1f} µs a span with all of them, again", flush=True)
+    print(f"{table}: {cost(_every):.1f} µs a span with all of them, again", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", required=True, help="a data dir a benchmark kept (bench_burst --keep)")
+    parser.add_argument("--data-dir", required=True, help="a data dir a benchmark kept (bench_burst or bench_soak --keep)")
     parser.add_argument("--transactions", type=int, default=50, help="as many as the run's batches")
     parser.add_argument("--each-index", metavar="TABLE",
                         help="instead: the cost of each secondary index of this table (observatory_span, …)")
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     tables = {name: rows for name in names if (rows := source.execute(f'SELECT * FROM "{name}"').fetchall())}
     for unique_only in (False, True):
-        seconds = floor(source, tables, keep=_unique if unique_only else (lambda name, sql: True),
+        seconds = floor(source, tables, keep=_unique if unique_only else _every,
                         transactions=args.transactions)
         biggest = sorted(seconds.items(), key=lambda item: -item[1])[:4]
         print(f"{'unique indexes only' if unique_only else 'all indexes':>19}: "
