@@ -165,10 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         if "Traceback" in log_tail:
             print("server log tail:\n" + log_tail, flush=True)
     finally:
-        if args.keep:
-            print(f"data kept in {workdir / 'data'}", flush=True)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        bi.remove_unless_kept(workdir, args.keep, f"data kept in {workdir / 'data'}")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -45,7 +44,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from benchmarks.bench_ingest import PYTHON, ROOT, cpu_seconds, database_cpu_seconds, free_port, manage, private_postgres
+from benchmarks.bench_ingest import (PYTHON, ROOT, cpu_seconds, database_cpu_seconds, free_port, manage, private_postgres,
+                                     remove_unless_kept)
 from benchmarks.bench_soak import soak, soak_agents
 from benchmarks.load import (
     Acknowledged,
@@ -330,10 +330,8 @@ def run(args: argparse.Namespace) -> None:
             else:
                 soak_with_faults(cluster, args)
     finally:
-        if args.keep:
-            say(f"kept {workdir} (the servers', workers' and beat's logs; the stopped database cluster in pg/)")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        remove_unless_kept(workdir, args.keep,
+                           f"kept {workdir} (the servers', workers' and beat's logs; the stopped database cluster in pg/)")
 
 
 def main(argv: list[str] | None = None) -> None:

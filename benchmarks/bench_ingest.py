@@ -177,6 +177,15 @@ def record_batches(count: int, size: int) -> list[bytes]:
 # --- processes ------------------------------------------------------------------
 
 
+def remove_unless_kept(workdir: Path, keep: bool, kept: str) -> None:
+    """A benchmark's temp dir at its end: removed, or (``--keep``) left there with
+    ``kept`` printed, which says what is in it."""
+    if keep:
+        print(kept, flush=True)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def free_port() -> int:
     """A free loopback port: any, or one of BENCH_PORTS ("18400-18499") when set, so
     benchmarks run side by side on a shared machine each stay in their own range."""

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import shutil
 import sys
 import tempfile
 import threading
@@ -47,7 +46,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from benchmarks import sqlite_lock_probe
-from benchmarks.bench_ingest import manage, private_postgres
+from benchmarks.bench_ingest import manage, private_postgres, remove_unless_kept
 from benchmarks.load import (
     Acknowledged,
     Agent,
@@ -146,10 +145,7 @@ def run(args: argparse.Namespace) -> None:
             finally:
                 server.stop()
     finally:
-        if args.keep:
-            print(f"data kept in {workdir / 'data'}", flush=True)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        remove_unless_kept(workdir, args.keep, f"data kept in {workdir / 'data'}")
 
 
 def soak_agents(ports: tuple[int, ...], key: str, acknowledged: Acknowledged, *, agents: int,
